@@ -1,0 +1,228 @@
+"""Validated experiment specs: YAML (plus ``--set`` overrides) in, one clear error list out.
+
+Structure is checked by pydantic; each named component (dataset, scenario, model, method) then
+validates its own parameters with the ``Params`` model it registered, so a sweep axis such as
+``method.params.mu`` or ``scenario.alpha`` is checked exactly like the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from raylf.registry import Registry, UnknownName
+
+
+class SpecError(ValueError):
+    """An invalid spec: every problem as ``(dotted.field, message)``."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[tuple[str, str]], source: str | None = None):
+        self.problems, self.source = problems, source
+        where = f" in {source}" if source else ""
+        lines = [f"invalid spec{where}:"]
+        lines += [f"  {path or '<root>'}: {msg}" for path, msg in problems]
+        super().__init__("\n".join(lines))
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Component(BaseModel):
+    """A named component whose remaining keys are validated by that component's ``Params``."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+    _params: BaseModel | None = PrivateAttr(default=None)
+
+    @property
+    def params(self) -> BaseModel:
+        assert self._params is not None, "spec was not resolved"
+        return self._params
+
+
+class MethodSpec(Strict):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    _validated: BaseModel | None = PrivateAttr(default=None)
+
+    @property
+    def hparams(self) -> BaseModel:
+        assert self._validated is not None, "spec was not resolved"
+        return self._validated
+
+
+class OptimizerSpec(Strict):
+    name: str = Field("sgd", pattern="^sgd$")
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float | None = Field(None, gt=0, description="max global gradient norm; none = off")
+
+
+class FederationSpec(Strict):
+    num_clients: int = Field(ge=1)
+    participation: float = Field(1.0, gt=0, le=1, description="fraction of clients per round")
+    rounds: int = Field(ge=1)
+    local_epochs: int = Field(1, ge=1)
+    batch_size: int = Field(32, ge=1)
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+
+    def participants_per_round(self) -> int:
+        return max(1, round(self.participation * self.num_clients))
+
+
+class ResourceSpec(Strict):
+    workers: int = Field(2, ge=1, description="client-worker actors, each hosting a shard")
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)
+    coordinator_cpus: float = Field(0.25, gt=0)
+    round_timeout_s: float = Field(1800.0, gt=0, description="longest wait for one round")
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _gpu_share(cls, v: float) -> float:
+        if 0 < v < 1 and not math.isclose(1 / v, round(1 / v), rel_tol=1e-6):
+            raise ValueError("a fractional GPU share must be 1/n (0.5, 0.25, 0.125, …)")
+        if v >= 1 and v != int(v):
+            raise ValueError("more than one GPU per worker must be a whole number")
+        return v
+
+    def threads_per_worker(self) -> int:
+        return max(1, int(self.cpus_per_worker))
+
+
+class ExperimentSpec(Strict):
+    name: str = "experiment"
+    seed: int = Field(0, ge=0)
+    dataset: Component
+    scenario: Component
+    model: Component
+    method: MethodSpec
+    federation: FederationSpec
+    eval_every: int = Field(1, ge=1)
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:10]
+
+    def flat(self) -> dict[str, Any]:
+        """Every scalar leaf as ``dotted.key: value`` (the trials table's config columns)."""
+        return dict(_flatten(self.to_dict()))
+
+
+def _flatten(tree: Any, prefix: str = ""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _flatten(value, f"{prefix}{key}.")
+    elif isinstance(tree, list):
+        yield prefix[:-1], json.dumps(tree)
+    else:
+        yield prefix[:-1], tree
+
+
+def _loc(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc)
+
+
+def _errors(err: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
+    out = []
+    for e in err.errors():
+        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] not in ("missing", "extra_forbidden") and "input" in e:
+            msg += f" (got {e['input']!r})"
+        out.append((prefix + _loc(e["loc"]), msg))
+    return out
+
+
+def _component_registries() -> dict[str, Registry]:
+    from raylf.data import scenarios, sources
+    from raylf.methods import METHODS
+    from raylf.models import MODELS
+
+    return {
+        "dataset": sources.SOURCES,
+        "scenario": scenarios.SCENARIOS,
+        "model": MODELS,
+        "method": METHODS,
+    }
+
+
+def validate(raw: dict[str, Any], source: str | None = None) -> ExperimentSpec:
+    """Validate a spec dict completely (structure, then each component's own parameters)."""
+    if not isinstance(raw, dict):
+        raise SpecError([("", "a spec must be a mapping of fields")], source)
+    try:
+        spec = ExperimentSpec.model_validate(raw)
+    except ValidationError as err:
+        raise SpecError(_errors(err), source) from None
+    problems: list[tuple[str, str]] = []
+    for field, registry in _component_registries().items():
+        comp = getattr(spec, field)
+        try:
+            entry = registry.get(comp.name)
+        except UnknownName as err:
+            problems.append((f"{field}.name", str(err)))
+            continue
+        values = comp.params if field == "method" else dict(comp.model_extra or {})
+        prefix = f"{field}.params." if field == "method" else f"{field}."
+        try:
+            validated = entry.Params.model_validate(values)
+        except ValidationError as err:
+            problems.extend(_errors(err, prefix))
+            continue
+        if field == "method":
+            comp._validated = validated
+        else:
+            comp._params = validated
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def set_dotted(tree: dict[str, Any], assignment: str) -> None:
+    """Apply one ``dotted.key=value`` override; the value is read as YAML (numbers, lists, …)."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key:
+        raise SpecError([(assignment, "an override must look like dotted.key=value")])
+    *parents, leaf = key.strip().split(".")
+    node = tree
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError([(key, f"{part!r} is not a mapping, cannot set a field inside it")])
+        node = child
+    node[leaf] = yaml.safe_load(text) if text.strip() else None
+
+
+def load_raw(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError([("", f"spec file not found: {path}")])
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError([("", f"not valid YAML: {err}")], str(path)) from None
+    return raw if raw is not None else {}
+
+
+def load_spec(path: str | Path, overrides: list[str] = ()) -> ExperimentSpec:
+    raw = load_raw(path)
+    if isinstance(raw, dict):
+        for assignment in overrides:
+            set_dotted(raw, assignment)
+    return validate(raw, str(path))

@@ -1,0 +1,143 @@
+"""The federation of one experiment: who holds which samples, and each shard's resident tensors.
+
+The partition is computed once from the labels (deterministic in the trial seed); a worker then
+loads the source once and keeps only its own clients' samples, concatenated, with per-client
+offsets, so a client's data is a pair of slices and evaluating a shared model is one pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from raylf.data.scenarios import make_partition, split_train_test
+from raylf.data.sources import SourceData, load_source
+from raylf.seeding import stream
+
+
+@dataclass(frozen=True)
+class Federation:
+    dataset: str
+    dataset_params: object
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    groups: np.ndarray
+    angles: np.ndarray | None
+    input_shape: tuple[int, ...]
+    num_classes: int
+    tasks: tuple[str, ...] = ()
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train)
+
+    @property
+    def n_train(self) -> np.ndarray:
+        return np.array([len(i) for i in self.train], dtype=np.int64)
+
+    @property
+    def n_test(self) -> np.ndarray:
+        return np.array([len(i) for i in self.test], dtype=np.int64)
+
+    def shard(self, client_ids: np.ndarray, device: torch.device,
+              source: SourceData | None = None) -> ShardData:
+        source = source or load_source(self.dataset, self.dataset_params)
+        return ShardData.build(self, np.asarray(client_ids), source, device)
+
+
+def build_federation(spec, source: SourceData | None = None) -> Federation:
+    """Partition the spec's dataset into ``federation.num_clients`` clients (seeded)."""
+    source = source or load_source(spec.dataset.name, spec.dataset.params)
+    num_clients = spec.federation.num_clients
+    part = make_partition(spec.scenario.name, spec.scenario.params, source.y, num_clients,
+                          stream(spec.seed, "partition"))
+    train, test = split_train_test(part.indices, spec.scenario.params.test_fraction,
+                                   stream(spec.seed, "split"))
+    return Federation(spec.dataset.name, spec.dataset.params, train, test, part.groups,
+                      part.angles, source.input_shape, source.num_classes, tuple(source.tasks))
+
+
+def _rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
+    if degrees % 90 == 0:
+        return torch.rot90(x, k=int(degrees // 90) % 4, dims=(-2, -1))
+    from torchvision.transforms.functional import rotate
+
+    return rotate(x, degrees)
+
+
+@dataclass
+class ClientData:
+    cid: int
+    group: int
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    tasks_train: dict[str, torch.Tensor] = field(default_factory=dict)
+    tasks_test: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def n_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.y_test)
+
+
+@dataclass
+class Split:
+    """Concatenated samples of a shard's clients for one split, with per-client offsets."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    tasks: dict[str, torch.Tensor]
+    offsets: np.ndarray  # len = clients + 1
+
+    def rows(self, position: int) -> slice:
+        return slice(int(self.offsets[position]), int(self.offsets[position + 1]))
+
+    @property
+    def owner(self) -> torch.Tensor:
+        """Position (within the shard) of the client owning each row."""
+        counts = torch.as_tensor(np.diff(self.offsets), device=self.y.device)
+        return torch.repeat_interleave(torch.arange(len(counts), device=self.y.device), counts)
+
+
+@dataclass
+class ShardData:
+    client_ids: np.ndarray
+    groups: np.ndarray
+    train: Split
+    test: Split
+    position: dict[int, int]
+
+    @classmethod
+    def build(cls, fed: Federation, client_ids: np.ndarray, source: SourceData,
+              device: torch.device) -> ShardData:
+        def gather(parts: list[np.ndarray]) -> Split:
+            idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+            x = torch.from_numpy(source.x[idx]).to(device)
+            offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+            if fed.angles is not None:
+                for pos, cid in enumerate(client_ids):
+                    rows = slice(int(offsets[pos]), int(offsets[pos + 1]))
+                    x[rows] = _rotate(x[rows], float(fed.angles[cid]))
+            tasks = {t: torch.from_numpy(source.tasks[t][idx]).to(device) for t in source.tasks}
+            return Split(x, torch.from_numpy(source.y[idx]).to(device), tasks, offsets)
+
+        train = gather([fed.train[c] for c in client_ids])
+        test = gather([fed.test[c] for c in client_ids])
+        position = {int(c): p for p, c in enumerate(client_ids)}
+        return cls(client_ids, fed.groups[client_ids], train, test, position)
+
+    def client(self, cid: int) -> ClientData:
+        p = self.position[cid]
+        tr, te = self.train.rows(p), self.test.rows(p)
+        return ClientData(
+            cid, int(self.groups[p]), self.train.x[tr], self.train.y[tr], self.test.x[te],
+            self.test.y[te], {t: v[tr] for t, v in self.train.tasks.items()},
+            {t: v[te] for t, v in self.test.tasks.items()},
+        )

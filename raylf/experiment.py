@@ -1,0 +1,124 @@
+"""Run one experiment on a backend and turn what it emits into the three result tables."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raylf import results
+from raylf.config import ExperimentSpec, SpecError
+from raylf.data import build_federation
+from raylf.runtime import Blueprint, open_runtime
+from raylf.runtime.coordinator import RoundOutcome
+
+
+@dataclass
+class Progress:
+    """Everything a resumed experiment needs besides the runtime's own checkpoint."""
+
+    next_round: int = 1
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+@dataclass
+class ExperimentResult:
+    trial_id: str
+    status: str
+    error: str | None
+    tables: dict[str, list[dict[str, Any]]]
+    paths: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def trial(self) -> dict[str, Any]:
+        return self.tables["trials"][0]
+
+
+def default_trial_id(spec: ExperimentSpec) -> str:
+    return f"{spec.name}-{spec.method.name}-s{spec.seed}-{spec.digest()}"
+
+
+RoundHook = Callable[[RoundOutcome, Any, Progress], None]
+
+
+def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | None = None,
+                   trial_id: str | None = None, sweep: str = "", placement=None,
+                   on_round: RoundHook | None = None, progress: Progress | None = None,
+                   snapshot: Any = None, reraise: bool = False) -> ExperimentResult:
+    """Run ``spec`` round by round; write the tables under ``out`` whatever the outcome.
+
+    ``on_round(outcome, runtime, progress)`` runs after every round (progress printing, Tune
+    reports and checkpoints). ``progress`` + ``snapshot`` resume a checkpointed experiment.
+    Divergence (non-finite loss or parameters) ends it as ``diverged``; an exception as
+    ``failed`` with the traceback, re-raised after the tables are written if ``reraise``.
+    """
+    trial_id = trial_id or default_trial_id(spec)
+    progress = progress or Progress()
+    status, error, diverged_round = "ok", None, None
+    started = time.perf_counter() - progress.wall_s
+    runtime = None
+    failure: BaseException | None = None
+    try:
+        runtime = open_runtime(backend, Blueprint(spec, build_federation(spec)), placement)
+        if snapshot is not None:
+            runtime.restore(snapshot)
+        for rnd in range(progress.next_round, spec.federation.rounds + 1):
+            outcome = runtime.run_round(rnd)
+            progress.rounds.append(outcome.record)
+            progress.clients.extend(outcome.clients)
+            progress.next_round = rnd + 1
+            progress.wall_s = time.perf_counter() - started
+            if outcome.diverged:
+                status, diverged_round = "diverged", rnd
+                error = (f"non-finite loss or parameters in round {rnd}; lower "
+                         "federation.optimizer.lr or set federation.optimizer.grad_clip")
+            if on_round is not None:
+                on_round(outcome, runtime, progress)
+            if outcome.diverged:
+                break
+    except SpecError:
+        raise  # impossible spec or resources: nothing ran, nothing to record
+    except Exception as exc:  # recorded in the trials table, then optionally re-raised
+        status, error, failure = "failed", traceback.format_exc(), exc
+    finally:
+        if runtime is not None:
+            runtime.close()
+    tables = {
+        "trials": [trial_row(spec, trial_id, sweep, backend, status, error, diverged_round,
+                             progress, time.perf_counter() - started)],
+        "rounds": [{"trial_id": trial_id, **r} for r in progress.rounds],
+        "clients": [{"trial_id": trial_id, **c} for c in progress.clients],
+    }
+    result = ExperimentResult(trial_id, status, error, tables)
+    if out is not None:
+        result.paths = results.write_trial(out, trial_id, tables, spec.to_dict())
+    if failure is not None and reraise:
+        raise failure
+    return result
+
+
+def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, status: str,
+              error: str | None, diverged_round: int | None, progress: Progress,
+              wall_s: float) -> dict[str, Any]:
+    rounds = progress.rounds
+    evaluated = [r for r in rounds if "acc_mean" in r]
+    final = evaluated[-1] if evaluated else {}
+    best = max(evaluated, key=lambda r: r["acc_mean"], default={})
+    row: dict[str, Any] = {
+        "trial_id": trial_id, "sweep": sweep, "name": spec.name, "method": spec.method.name,
+        "dataset": spec.dataset.name, "scenario": spec.scenario.name, "model": spec.model.name,
+        "seed": spec.seed, "backend": backend, "status": status, "error": error,
+        "diverged_round": diverged_round, "rounds": len(rounds), "wall_s": wall_s,
+        "bytes_up": sum(r["bytes_up"] for r in rounds),
+        "bytes_down": sum(r["bytes_down"] for r in rounds),
+    }
+    row.update({k: v for k, v in final.items() if k.startswith(("acc_", "eval_loss", "auc"))})
+    row["best_acc_mean"] = best.get("acc_mean")  # selected on test data: label it as such
+    row["best_round"] = best.get("round")
+    for key, value in spec.flat().items():
+        row.setdefault(key, value)
+    return row

@@ -1,0 +1,30 @@
+"""Local-only training: each client trains its own model on its own data; nothing is shared."""
+
+from __future__ import annotations
+
+from raylf.methods.base import ClientUpdate, Method
+
+
+class Local(Method):
+    name = "local"
+    personal_state = True
+
+    def server_init(self, init):
+        return {}
+
+    def broadcast(self, state, rnd):
+        return {}
+
+    def aggregate(self, state, uploads, rnd):
+        return state, {}
+
+    def client_init(self, cid, init):
+        return init.clone()
+
+    def local_update(self, trainer, payload, personal, data, seed, extra):
+        trainer.load(personal)
+        fit = trainer.fit(data.x_train, data.y_train, seed=seed)
+        return ClientUpdate({}, trainer.vector(), fit)
+
+    def deployable(self, payload, personal, extra):
+        return personal

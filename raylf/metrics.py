@@ -1,0 +1,42 @@
+"""Summary metrics over per-client accuracies, as the papers define them."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+ACCURACY_COLUMNS = ("acc_mean", "acc_weighted", "acc_worst", "acc_bottom20", "acc_gap")
+
+
+def accuracy_summary(accuracy: np.ndarray, correct: np.ndarray, n: np.ndarray) -> dict[str, float]:
+    """mean (unweighted over clients), weighted (Σcorrect/Σn), worst, bottom-20 %, gap."""
+    acc = np.sort(np.asarray(accuracy, dtype=np.float64))
+    bottom = acc[: max(1, math.ceil(0.2 * len(acc)))]
+    return {
+        "acc_mean": float(acc.mean()),
+        "acc_weighted": float(np.sum(correct) / np.sum(n)),
+        "acc_worst": float(acc[0]),
+        "acc_bottom20": float(bottom.mean()),
+        "acc_gap": float(acc[-1] - acc[0]),
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Round-level summary of clients-table rows; tasks other than ``main`` get a suffix."""
+    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        if row.get("accuracy") is not None:
+            by_task[row["task"]].append(row)
+    out: dict[str, float] = {}
+    for task, task_rows in sorted(by_task.items()):
+        suffix = "" if task == "main" else f"_{task}"
+        summary = accuracy_summary(
+            np.array([r["accuracy"] for r in task_rows]),
+            np.array([r["correct"] for r in task_rows]),
+            np.array([r["n_test"] for r in task_rows]))
+        summary["eval_loss"] = float(np.mean([r["loss"] for r in task_rows]))
+        out.update({f"{k}{suffix}": v for k, v in summary.items()})
+    return out

@@ -1,0 +1,128 @@
+"""Models with an explicit encoder / head split (the head is the last classifier layer).
+
+Every model is a ``SplitModel``: ``encoder`` maps inputs to features and ``head`` maps features to
+class scores, so methods share or privatize either part by name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from raylf.registry import Registry
+
+
+class ModelParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SplitModel(nn.Module):
+    def __init__(self, encoder: nn.Module, head: nn.Module):
+        super().__init__()
+        self.encoder = encoder
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+MODELS: Registry = Registry("model")
+
+
+def _flat_size(module: nn.Module, input_shape: tuple[int, ...]) -> int:
+    with torch.no_grad():
+        return int(module(torch.zeros(1, *input_shape)).flatten(1).shape[1])
+
+
+@MODELS.register("mlp")
+class MLP:
+    """Fully connected network on flattened inputs."""
+
+    class Params(ModelParams):
+        hidden: list[int] = Field(default_factory=lambda: [128])
+
+    @staticmethod
+    def build(params: Params, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = math.prod(input_shape)
+        for h in params.hidden:
+            layers += [nn.Linear(width, h), nn.ReLU()]
+            width = h
+        return SplitModel(nn.Sequential(*layers), nn.Linear(width, num_classes))
+
+
+def conv_encoder(input_shape: tuple[int, ...], channels: list[int], features: int) -> nn.Module:
+    """Conv3×3+ReLU+maxpool2 blocks, flatten, linear to ``features`` (FMT-SVM's encoder).
+
+    The flatten size is measured from the input shape, so 8×8, 28×28, 32×32 and 64×64 all work.
+    """
+    blocks: list[nn.Module] = []
+    in_ch = input_shape[0]
+    for ch in channels:
+        blocks += [nn.Conv2d(in_ch, ch, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+        in_ch = ch
+    convs = nn.Sequential(*blocks, nn.Flatten())
+    return nn.Sequential(convs, nn.Linear(_flat_size(convs, input_shape), features), nn.ReLU())
+
+
+@MODELS.register("cnn")
+class CNN:
+    class Params(ModelParams):
+        channels: list[int] = Field(default_factory=lambda: [16, 32])
+        features: int = Field(128, ge=1, description="encoder output size d")
+
+    @staticmethod
+    def build(params: Params, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+        encoder = conv_encoder(input_shape, params.channels, params.features)
+        return SplitModel(encoder, nn.Linear(params.features, num_classes))
+
+
+def _small_input_stem(conv: nn.Conv2d, in_channels: int) -> nn.Conv2d:
+    """3×3 stride-1 first convolution: the CIFAR adaptation that keeps 32×32 maps spatial."""
+    return nn.Conv2d(in_channels, conv.out_channels, 3, stride=1, padding=1, bias=False)
+
+
+@MODELS.register("resnet18")
+class ResNet18:
+    """torchvision ResNet-18 adapted to 32×32 inputs (3×3 stem, no max-pool)."""
+
+    class Params(ModelParams):
+        pass
+
+    @staticmethod
+    def build(params: Params, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+        from torchvision.models import resnet18
+
+        net = resnet18(weights=None, num_classes=num_classes)
+        net.conv1 = _small_input_stem(net.conv1, input_shape[0])
+        net.maxpool = nn.Identity()
+        head, net.fc = net.fc, nn.Identity()
+        return SplitModel(net, head)
+
+
+@MODELS.register("mobilenet_v2")
+class MobileNetV2:
+    """torchvision MobileNetV2 adapted to 32×32 inputs (stride-1 stem)."""
+
+    class Params(ModelParams):
+        width_mult: float = Field(1.0, gt=0)
+
+    @staticmethod
+    def build(params: Params, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+        from torchvision.models import mobilenet_v2
+
+        net = mobilenet_v2(weights=None, num_classes=num_classes, width_mult=params.width_mult)
+        stem = net.features[0][0]
+        net.features[0][0] = nn.Conv2d(input_shape[0], stem.out_channels, 3, stride=1,
+                                       padding=1, bias=False)
+        head = net.classifier[-1]
+        net.classifier[-1] = nn.Identity()
+        return SplitModel(net, head)
+
+
+def build_model(name: str, params: BaseModel, input_shape: tuple[int, ...],
+                num_classes: int) -> SplitModel:
+    return MODELS.get(name).build(params, tuple(input_shape), num_classes)

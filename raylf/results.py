@@ -1,0 +1,129 @@
+"""Arrow result tables: one Parquet file per trial and table, written atomically.
+
+Layout: ``<root>/tables/{trials,rounds,clients}/<trial_id>.parquet``. ``root`` is a local path or
+any URI pyarrow's filesystem layer understands (``s3://…``), so the same code writes to a laptop
+disk, NFS or object storage. A re-run trial overwrites its own files, never another's.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+import raylf
+
+TABLES = ("trials", "rounds", "clients")
+
+_FLOAT = pa.float64()
+_INT = pa.int64()
+_STR = pa.string()
+COLUMN_TYPES: dict[str, pa.DataType] = {
+    "trial_id": _STR, "sweep": _STR, "method": _STR, "dataset": _STR, "scenario": _STR,
+    "model": _STR, "seed": _INT, "status": _STR, "error": _STR, "backend": _STR,
+    "round": _INT, "rounds": _INT, "diverged_round": _INT, "best_round": _INT,
+    "participants": _INT, "bytes_up": _INT, "bytes_down": _INT, "wall_s": _FLOAT,
+    "round_s": _FLOAT, "loss": _FLOAT, "eval_loss": _FLOAT, "acc_mean": _FLOAT,
+    "acc_weighted": _FLOAT, "acc_worst": _FLOAT, "acc_bottom20": _FLOAT, "acc_gap": _FLOAT,
+    "best_acc_mean": _FLOAT, "client_id": _INT, "group": _INT, "n_train": _INT, "n_test": _INT,
+    "task": _STR, "correct": _INT, "accuracy": _FLOAT, "auc": _FLOAT,
+}
+
+
+def filesystem(root: str | Path) -> tuple[pafs.FileSystem, str]:
+    root = str(root)
+    if "://" in root:
+        return pafs.FileSystem.from_uri(root)
+    return pafs.LocalFileSystem(), str(Path(root).expanduser().resolve())
+
+
+@cache
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(config: dict[str, Any]) -> dict[str, str]:
+    import ray
+    import torch
+
+    return {"raylf": raylf.__version__, "ray": ray.__version__, "torch": torch.__version__,
+            "git_sha": _git_sha(), "config": json.dumps(config, sort_keys=True)}
+
+
+def to_table(rows: list[dict[str, Any]], metadata: dict[str, str]) -> pa.Table:
+    """Rows to Arrow with the declared column types (so all-null columns stay numeric)."""
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    arrays, fields = [], []
+    for name in columns:
+        values = [row.get(name) for row in rows]
+        declared = COLUMN_TYPES.get(name)
+        array = pa.array(values, type=declared) if declared else pa.array(values)
+        if pa.types.is_null(array.type):
+            array = array.cast(_FLOAT)
+        arrays.append(array)
+        fields.append(pa.field(name, array.type))
+    schema = pa.schema(fields, metadata={k: v for k, v in metadata.items()})
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def write_table(root: str | Path, table_name: str, trial_id: str, table: pa.Table) -> str:
+    """Write to a temporary name, then move into place: readers never see half a file."""
+    fs, base = filesystem(root)
+    folder = f"{base}/tables/{table_name}"
+    fs.create_dir(folder, recursive=True)
+    final = f"{folder}/{trial_id}.parquet"
+    tmp = f"{folder}/.{trial_id}.{uuid.uuid4().hex}.tmp"
+    pq.write_table(table, tmp, filesystem=fs)
+    fs.move(tmp, final)
+    return final
+
+
+def write_trial(root: str | Path, trial_id: str, tables: dict[str, list[dict[str, Any]]],
+                config: dict[str, Any]) -> dict[str, str]:
+    meta = provenance(config)
+    return {name: write_table(root, name, trial_id, to_table(tables[name], meta))
+            for name in TABLES}
+
+
+def delete_trial(root: str | Path, trial_id: str) -> None:
+    fs, base = filesystem(root)
+    for name in TABLES:
+        path = f"{base}/tables/{name}/{trial_id}.parquet"
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            fs.delete_file(path)
+
+
+def read_table(root: str | Path, table_name: str) -> pa.Table | None:
+    fs, base = filesystem(root)
+    selector = pafs.FileSelector(f"{base}/tables/{table_name}", allow_not_found=True)
+    files = sorted(i.path for i in fs.get_file_info(selector)
+                   if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+                   and not i.base_name.startswith("."))
+    if not files:
+        return None
+    parts = [pq.read_table(f, filesystem=fs) for f in files]
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def load(root: str | Path) -> dict[str, pd.DataFrame]:
+    """All result tables under ``root`` as pandas DataFrames keyed trials / rounds / clients."""
+    out = {}
+    for name in TABLES:
+        table = read_table(root, name)
+        out[name] = table.to_pandas() if table is not None else pd.DataFrame()
+    return out

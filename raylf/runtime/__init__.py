@@ -1,0 +1,22 @@
+"""Backends that run an experiment's rounds: in-process (``local``) and on Ray (``ray``)."""
+
+from __future__ import annotations
+
+from raylf.runtime.blueprint import Blueprint
+
+BACKENDS = ("ray", "local")
+
+
+def open_runtime(backend: str, blueprint: Blueprint, placement=None):
+    if backend == "local":
+        from raylf.runtime.local import LocalRuntime
+
+        return LocalRuntime(blueprint)
+    if backend == "ray":
+        from raylf.runtime.ray_backend import RayRuntime
+
+        return RayRuntime(blueprint, placement)
+    raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Blueprint", "open_runtime"]

@@ -1,0 +1,70 @@
+"""What the coordinator and every worker rebuild identically from the spec and the federation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import torch
+
+from raylf.config import ExperimentSpec, validate
+from raylf.data.federation import Federation
+from raylf.methods import Method, MethodContext, build_method
+from raylf.models import SplitModel, build_model
+from raylf.seeding import derive
+from raylf.training import LocalTrainer, ParamLayout, model_vector
+
+
+@dataclass
+class Blueprint:
+    """A validated spec plus its federation: enough to rebuild model, method and trainer."""
+
+    spec: ExperimentSpec
+    federation: Federation
+
+    def __reduce__(self):
+        # Ship the spec as plain data and re-validate on arrival (no pydantic internals pickled).
+        return _rebuild, (self.spec.to_dict(), self.federation)
+
+    def build_model(self) -> SplitModel:
+        """The common initialization: every client and the server start from these weights."""
+        torch.manual_seed(derive(self.spec.seed, "init"))
+        fed = self.federation
+        return build_model(self.spec.model.name, self.spec.model.params, fed.input_shape,
+                           fed.num_classes)
+
+    @cached_property
+    def layout(self) -> ParamLayout:
+        return ParamLayout.of(self.build_model())
+
+    def initial_vector(self) -> torch.Tensor:
+        return model_vector(self.build_model(), self.layout)
+
+    def context(self) -> MethodContext:
+        fed, spec = self.federation, self.spec
+        return MethodContext(self.layout, fed.num_clients, fed.n_train, fed.num_classes,
+                             spec.federation.rounds, spec.federation.participants_per_round(),
+                             spec.seed)
+
+    def method(self) -> Method:
+        return build_method(self.spec.method.name, self.spec.method.hparams, self.context())
+
+    def trainer(self, device: torch.device) -> LocalTrainer:
+        fed = self.spec.federation
+        return LocalTrainer(self.build_model(), self.layout, fed.optimizer, fed.batch_size,
+                            fed.local_epochs, device)
+
+    def shards(self) -> list[np.ndarray]:
+        """Client ids hosted by each worker: contiguous, nearly equal blocks."""
+        workers = min(self.spec.resources.workers, self.federation.num_clients)
+        return np.array_split(np.arange(self.federation.num_clients), workers)
+
+
+def _rebuild(spec: dict, federation: Federation) -> Blueprint:
+    return Blueprint(validate(spec), federation)
+
+
+def pick_device() -> torch.device:
+    """cuda when this process can use it (Ray hides GPUs from actors without a share)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

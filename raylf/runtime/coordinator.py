@@ -1,0 +1,140 @@
+"""The server side of a round: sample, broadcast, gather uploads, aggregate, evaluate, record.
+
+The coordinator talks to its workers through a *pool* (in-process shards or Ray actors) with the
+same two calls, so the round logic — and therefore every number it produces — is the backend's
+business only in where the arithmetic runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from raylf.methods.base import Uploads
+from raylf.metrics import summarize
+from raylf.runtime.blueprint import Blueprint
+from raylf.seeding import stream
+from raylf.training import tensor_bytes
+
+
+class Pool(Protocol):
+    def train(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
+              extras: dict[int, dict]) -> list[dict[str, Any]]: ...
+
+    def evaluate(self, rnd: int, payload: dict, extras: dict[int, dict]) -> list[dict]: ...
+
+    def personal_states(self) -> list[dict]: ...
+
+    def load_personal_states(self, states: list[dict]) -> None: ...
+
+
+@dataclass
+class RoundOutcome:
+    record: dict[str, Any]
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    diverged: bool = False
+
+
+class Coordinator:
+    def __init__(self, blueprint: Blueprint, pool: Pool):
+        self.spec = blueprint.spec
+        self.federation = blueprint.federation
+        self.method = blueprint.method()
+        self.state = self.method.server_init(blueprint.initial_vector())
+        self.pool = pool
+        self.shard_of = np.empty(self.federation.num_clients, dtype=np.int64)
+        for s, ids in enumerate(blueprint.shards()):
+            self.shard_of[ids] = s
+
+    def _split(self, client_ids: np.ndarray) -> dict[int, np.ndarray]:
+        return {int(s): client_ids[self.shard_of[client_ids] == s]
+                for s in np.unique(self.shard_of[client_ids])}
+
+    def _extras_by_shard(self, client_ids: np.ndarray) -> dict[int, dict]:
+        extras = self.method.extras(self.state, client_ids)
+        by_shard: dict[int, dict] = {}
+        for cid, extra in extras.items():
+            by_shard.setdefault(int(self.shard_of[cid]), {})[int(cid)] = extra
+        return by_shard
+
+    def run_round(self, rnd: int) -> RoundOutcome:
+        start = time.perf_counter()
+        participants = self.method.select(
+            self.state, rnd, stream(self.spec.seed, "participation", rnd))
+        payload = self.method.broadcast(self.state, rnd)
+        extras = self._extras_by_shard(participants)
+        results = self.pool.train(rnd, payload, self._split(participants), extras)
+        uploads, losses, up_bytes, metrics = self._gather(results)
+        down = tensor_bytes(payload) * len(participants)
+        down += sum(tensor_bytes(shard) for shard in extras.values())
+        record: dict[str, Any] = {
+            "round": rnd,
+            "participants": len(participants),
+            "loss": float(np.mean(losses)) if len(losses) else math.nan,
+            "bytes_up": int(up_bytes),
+            "bytes_down": int(down),
+        }
+        record.update(_mean_metrics(metrics))
+        if not np.all(np.isfinite(losses)) or len(losses) < len(participants):
+            record["round_s"] = time.perf_counter() - start
+            return RoundOutcome(record, diverged=True)
+        self.state, diagnostics = self.method.aggregate(self.state, uploads, rnd)
+        record.update(diagnostics)
+        if not _finite(self.state):
+            record["round_s"] = time.perf_counter() - start
+            return RoundOutcome(record, diverged=True)
+        clients: list[dict[str, Any]] = []
+        if rnd % self.spec.eval_every == 0 or rnd == self.spec.federation.rounds:
+            clients = self.evaluate(rnd)
+            record.update(summarize(clients))
+        record["round_s"] = time.perf_counter() - start
+        return RoundOutcome(record, clients)
+
+    def evaluate(self, rnd: int) -> list[dict[str, Any]]:
+        everyone = np.arange(self.federation.num_clients)
+        payload = self.method.broadcast(self.state, rnd + 1)
+        rows = self.pool.evaluate(rnd, payload, self._extras_by_shard(everyone))
+        n_test = self.federation.n_test
+        for row in rows:
+            row.setdefault("n_test", int(n_test[row["client_id"]]))
+        return sorted(rows, key=lambda r: (r["client_id"], r["task"]))
+
+    def _gather(self, results: list[dict[str, Any]]):
+        ids = np.concatenate([r["client_ids"] for r in results]) if results else np.zeros(0, int)
+        order = np.argsort(ids, kind="stable")
+        losses = np.concatenate([r["loss"] for r in results])[order] if results else np.zeros(0)
+        keys = {k for r in results for k in r["uploads"]}
+        tensors = {k: torch.cat([r["uploads"][k] for r in results])[torch.as_tensor(order)]
+                   for k in keys}
+        n = torch.as_tensor(self.federation.n_train[ids[order]], dtype=torch.float32)
+        metrics = [m for r in results for m in r["metrics"]]
+        up = sum(int(r["bytes_up"].sum()) for r in results)
+        return Uploads(ids[order], n, tensors), losses, up, metrics
+
+    # ---- checkpointing -------------------------------------------------------------------
+    def checkpoint(self) -> dict[str, Any]:
+        return {"server": self.state, "personal": self.pool.personal_states()}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self.state = snapshot["server"]
+        self.pool.load_personal_states(snapshot["personal"])
+
+
+def _finite(state: Any) -> bool:
+    if torch.is_tensor(state):
+        return bool(torch.isfinite(state).all()) if state.is_floating_point() else True
+    if isinstance(state, dict):
+        return all(_finite(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return all(_finite(v) for v in state)
+    return True
+
+
+def _mean_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:
+    keys = {k for m in metrics for k in m}
+    return {k: float(np.mean([m[k] for m in metrics if k in m])) for k in sorted(keys)}

@@ -1,0 +1,136 @@
+"""The Ray backend: client-worker actors on fractional resources and a coordinator actor.
+
+Every actor is created on its own bundle of a placement group, with child-task capture, and
+declares its CPUs (and GPU share) explicitly. Outside Tune the group is created here and checked
+against the cluster first; inside a Tune trial the trial's own group is used (bundle 0 is the
+trial function, then the coordinator, then one bundle per worker).
+"""
+
+from __future__ import annotations
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from raylf.config import ResourceSpec, SpecError
+from raylf.runtime.blueprint import Blueprint
+from raylf.runtime.coordinator import Coordinator, RoundOutcome
+from raylf.runtime.shard import ClientShard
+
+PLACEMENT_TIMEOUT_S = 60.0
+
+
+def bundles(resources: ResourceSpec, workers: int) -> list[dict[str, float]]:
+    """Coordinator bundle, then one bundle per client worker."""
+    worker = {"CPU": resources.cpus_per_worker}
+    if resources.gpus_per_worker:
+        worker["GPU"] = resources.gpus_per_worker
+    return [{"CPU": resources.coordinator_cpus}] + [dict(worker) for _ in range(workers)]
+
+
+def check_fits(resources: ResourceSpec, workers: int) -> None:
+    """Fail with the offending field when the cluster can never host these bundles."""
+    total = ray.cluster_resources()
+    need_cpu = resources.coordinator_cpus + workers * resources.cpus_per_worker
+    need_gpu = workers * resources.gpus_per_worker
+    problems = []
+    if need_gpu and total.get("GPU", 0) == 0:
+        problems.append((
+            "resources.gpus_per_worker",
+            f"{resources.gpus_per_worker} GPU × {workers} workers needs GPUs, but the Ray cluster "
+            "has no GPU resource; set resources.gpus_per_worker=0 to train on CPUs, or declare "
+            "GPUs (python -m raylf.run --num-gpus N, or ray start --num-gpus N)"))
+    elif need_gpu > total.get("GPU", 0) + 1e-9:
+        problems.append(("resources.gpus_per_worker",
+                         f"needs {need_gpu:g} GPUs in all, the cluster has {total['GPU']:g}"))
+    if need_cpu > total.get("CPU", 0) + 1e-9:
+        problems.append((
+            "resources.cpus_per_worker",
+            f"coordinator {resources.coordinator_cpus:g} + {workers} workers × "
+            f"{resources.cpus_per_worker:g} = {need_cpu:g} CPUs, the cluster has "
+            f"{total.get('CPU', 0):g}"))
+    if problems:
+        raise SpecError(problems)
+
+
+class RayPool:
+    """Dispatches one task per worker per round; the broadcast is put in the object store once."""
+
+    def __init__(self, actors: list, timeout_s: float):
+        self.actors = actors
+        self.timeout_s = timeout_s
+
+    def _get(self, refs):
+        return ray.get(refs, timeout=self.timeout_s)
+
+    def train(self, rnd, payload, work, extras):
+        ref = ray.put(payload)
+        return self._get([self.actors[s].train.remote(rnd, ref, ids, extras.get(s, {}))
+                          for s, ids in sorted(work.items())])
+
+    def evaluate(self, rnd, payload, extras):
+        ref = ray.put(payload)
+        parts = self._get([a.evaluate.remote(rnd, ref, extras.get(s, {}))
+                           for s, a in enumerate(self.actors)])
+        return [row for part in parts for row in part]
+
+    def personal_states(self):
+        return self._get([a.personal_states.remote() for a in self.actors])
+
+    def load_personal_states(self, states):
+        self._get([a.load_personal_states.remote(s) for a, s in zip(self.actors, states)])
+
+
+class RayRuntime:
+    name = "ray"
+
+    def __init__(self, blueprint: Blueprint, placement: tuple[PlacementGroup, int] | None = None):
+        res = blueprint.spec.resources
+        shards = blueprint.shards()
+        self.timeout_s = res.round_timeout_s
+        self._owned_group = placement is None
+        if placement is None:
+            check_fits(res, len(shards))
+            group = placement_group(bundles(res, len(shards)), strategy="PACK")
+            try:
+                ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            except ray.exceptions.GetTimeoutError:
+                remove_placement_group(group)
+                raise SpecError([("resources", (
+                    f"the Ray cluster could not place {bundles(res, len(shards))} within "
+                    f"{PLACEMENT_TIMEOUT_S:.0f} s (other jobs may hold the resources)"))]) from None
+            placement = (group, 0)
+        self.group, first = placement
+
+        def on_bundle(index: int) -> PlacementGroupSchedulingStrategy:
+            return PlacementGroupSchedulingStrategy(
+                self.group, placement_group_bundle_index=first + index,
+                placement_group_capture_child_tasks=True)
+
+        shard_actor = ray.remote(ClientShard)
+        self.workers = [
+            shard_actor.options(
+                num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker,
+                scheduling_strategy=on_bundle(1 + w),
+            ).remote(blueprint, ids, res.threads_per_worker())
+            for w, ids in enumerate(shards)
+        ]
+        coordinator_actor = ray.remote(Coordinator)
+        self.coordinator = coordinator_actor.options(
+            num_cpus=res.coordinator_cpus, scheduling_strategy=on_bundle(0),
+        ).remote(blueprint, RayPool(self.workers, self.timeout_s))
+
+    def run_round(self, rnd: int) -> RoundOutcome:
+        return ray.get(self.coordinator.run_round.remote(rnd), timeout=self.timeout_s)
+
+    def checkpoint(self):
+        return ray.get(self.coordinator.checkpoint.remote(), timeout=self.timeout_s)
+
+    def restore(self, snapshot) -> None:
+        ray.get(self.coordinator.restore.remote(snapshot), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        for actor in [self.coordinator, *self.workers]:
+            ray.kill(actor, no_restart=True)
+        if self._owned_group:
+            remove_placement_group(self.group)

@@ -1,0 +1,29 @@
+"""Every random choice of an experiment flows from the trial seed through named streams.
+
+A stream is keyed by (seed, purpose, *indices), so the partition, the participation of round r
+and client k's shuffling in round r are the same whichever backend or worker computes them.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+_PURPOSES = ("partition", "split", "participation", "client", "init", "method")
+
+
+def _key(seed: int, purpose: str, *indices: int) -> list[int]:
+    if purpose not in _PURPOSES:
+        raise ValueError(f"unknown random stream {purpose!r}")
+    return [int(seed), zlib.crc32(purpose.encode()), *(int(i) for i in indices)]
+
+
+def stream(seed: int, purpose: str, *indices: int) -> np.random.Generator:
+    return np.random.default_rng(_key(seed, purpose, *indices))
+
+
+def derive(seed: int, purpose: str, *indices: int) -> int:
+    """A 63-bit integer seed for torch generators."""
+    state = np.random.SeedSequence(_key(seed, purpose, *indices)).generate_state(2, np.uint32)
+    return int(state[0]) << 31 ^ int(state[1])

@@ -1,0 +1,214 @@
+"""The shared client arithmetic: flat parameter vectors, the local SGD loop, evaluation.
+
+A ``LocalTrainer`` owns one model whose parameters and floating buffers are views into a single
+flat tensor, so loading what a client received and reading what it uploads are one copy each, and
+the same model instance serves every virtual client of a worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PARTS = ("encoder", "head")
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    shape: tuple[int, ...]
+    offset: int
+    numel: int
+    is_param: bool
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """Where each tensor of a ``SplitModel`` lives in its flat vector: encoder first, then head.
+
+    Encoder and head are contiguous ranges, so a method shares or keeps a part by slicing.
+    """
+
+    slots: tuple[Slot, ...]
+    parts: dict[str, slice]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ParamLayout:
+        slots, parts, offset = [], {}, 0
+        for part in PARTS:
+            start = offset
+            module = getattr(model, part)
+            named = [(f"{part}.{n}", t, True) for n, t in module.named_parameters()]
+            named += [(f"{part}.{n}", t, False) for n, t in module.named_buffers()
+                      if t.is_floating_point()]
+            for name, tensor, is_param in named:
+                slots.append(Slot(name, tuple(tensor.shape), offset, tensor.numel(), is_param))
+                offset += tensor.numel()
+            parts[part] = slice(start, offset)
+        return cls(tuple(slots), parts)
+
+    @property
+    def size(self) -> int:
+        return self.parts[PARTS[-1]].stop
+
+    def part(self, name: str) -> slice:
+        return self.parts[name]
+
+    def part_size(self, name: str) -> int:
+        s = self.parts[name]
+        return s.stop - s.start
+
+
+def _resolve(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
+    *path, leaf = dotted.split(".")
+    module = model
+    for p in path:
+        module = getattr(module, p)
+    return module, leaf
+
+
+def model_vector(model: nn.Module, layout: ParamLayout) -> torch.Tensor:
+    """The flat vector of a freshly built model (its initialization)."""
+    state = dict(model.named_parameters()) | dict(model.named_buffers())
+    return torch.cat([state[s.name].detach().reshape(-1).float() for s in layout.slots])
+
+
+@dataclass(frozen=True)
+class FitResult:
+    loss: float  # mean minibatch loss over the local update (nan/inf = diverged)
+    steps: int
+    samples: int
+
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class LocalTrainer:
+    """One reusable model plus the optimizer settings shared by every client of an experiment."""
+
+    def __init__(self, model: nn.Module, layout: ParamLayout, optimizer, batch_size: int,
+                 local_epochs: int, device: torch.device):
+        self.model = model.to(device)
+        self.layout = layout
+        self.device = device
+        self.batch_size = batch_size
+        self.local_epochs = local_epochs
+        self.opt_cfg = optimizer
+        self.flat = torch.empty(layout.size, device=device)
+        self._offsets: dict[int, int] = {}  # parameter id -> offset in the flat vector
+        for slot in layout.slots:
+            owner, leaf = _resolve(self.model, slot.name)
+            view = self.flat[slot.offset: slot.offset + slot.numel].view(slot.shape)
+            current = getattr(owner, leaf)
+            view.copy_(current.detach())
+            if slot.is_param:
+                current.data = view
+                self._offsets[id(current)] = slot.offset
+            else:
+                setattr(owner, leaf, view)
+        self._params = {part: [p for n, p in self.model.named_parameters()
+                               if n.startswith(part + ".")] for part in PARTS}
+        self._optimizers: dict[tuple[str, ...], torch.optim.Optimizer] = {}
+
+    # -- flat vector access ------------------------------------------------------------------
+    def load(self, vector: torch.Tensor, part: str | None = None) -> None:
+        target = self.flat if part is None else self.flat[self.layout.part(part)]
+        target.copy_(vector, non_blocking=True)
+
+    def vector(self, part: str | None = None) -> torch.Tensor:
+        source = self.flat if part is None else self.flat[self.layout.part(part)]
+        return source.detach().clone()
+
+    # -- training ----------------------------------------------------------------------------
+    def _optimizer(self, trainable: tuple[str, ...]) -> torch.optim.Optimizer:
+        """One optimizer per trainable selection, reused; frozen parts are simply left out."""
+        if trainable not in self._optimizers:
+            params = [p for part in trainable for p in self._params[part]]
+            cfg = self.opt_cfg
+            self._optimizers[trainable] = torch.optim.SGD(
+                params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        opt = self._optimizers[trainable]
+        opt.state.clear()
+        return opt
+
+    def fit(self, x: torch.Tensor, y: torch.Tensor, *, seed: int,
+            trainable: tuple[str, ...] = PARTS, epochs: int | None = None,
+            prox: tuple[torch.Tensor, float] | None = None,
+            loss_fn: LossFn = F.cross_entropy,
+            penalty: Callable[[], torch.Tensor] | None = None) -> FitResult:
+        """Minibatch SGD on (x, y) for ``epochs`` (default: the federation's local epochs).
+
+        ``prox=(anchor, mu)`` adds mu·(w − anchor) to every trained parameter's gradient (the
+        FedProx / Ditto proximal term, anchor given as a full flat vector). ``penalty`` is any
+        extra differentiable term added to the loss each step.
+        """
+        epochs = self.local_epochs if epochs is None else epochs
+        opt = self._optimizer(trainable)
+        params = opt.param_groups[0]["params"]
+        for part in PARTS:
+            for p in self._params[part]:
+                p.requires_grad_(part in trainable)
+        anchors = None
+        if prox is not None:
+            anchors = [prox[0][self._offsets[id(p)]: self._offsets[id(p)] + p.numel()].view_as(p)
+                       for p in params]
+        gen = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.model.train()
+        n = len(y) if torch.is_tensor(y) else len(next(iter(y.values())))
+        total = torch.zeros((), device=self.device)
+        steps = 0
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=gen).to(self.device)
+            for start in range(0, n, self.batch_size):
+                idx = order[start: start + self.batch_size]
+                target = y[idx] if torch.is_tensor(y) else {k: v[idx] for k, v in y.items()}
+                loss = loss_fn(self.model(x[idx]), target)
+                objective = loss if penalty is None else loss + penalty()
+                opt.zero_grad(set_to_none=True)
+                objective.backward()
+                if anchors is not None:
+                    torch._foreach_add_([p.grad for p in params],
+                                        torch._foreach_sub([p.detach() for p in params], anchors),
+                                        alpha=prox[1])
+                if self.opt_cfg.grad_clip is not None:
+                    nn.utils.clip_grad_norm_(params, self.opt_cfg.grad_clip)
+                opt.step()
+                total += loss.detach()
+                steps += 1
+        mean = float(total) / max(steps, 1)
+        return FitResult(mean, steps, n * epochs)
+
+    # -- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def predict(self, x: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+        self.model.eval()
+        if len(x) == 0:
+            return torch.zeros(0, device=self.device)
+        return torch.cat([self.model(x[i: i + chunk]) for i in range(0, len(x), chunk)])
+
+
+def weighted_mean(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_k w_k v_k / Σ_k w_k over the rows of ``stacked`` in one matrix-vector product."""
+    w = weights.to(stacked.dtype)
+    return (w / w.sum()) @ stacked
+
+
+def tensor_bytes(message) -> int:
+    """Bytes on the wire for a message: tensors and arrays by size, Python scalars as 8 bytes."""
+    if message is None:
+        return 0
+    if torch.is_tensor(message):
+        return message.numel() * message.element_size()
+    if isinstance(message, np.ndarray):
+        return message.nbytes
+    if isinstance(message, dict):
+        return sum(tensor_bytes(v) for v in message.values())
+    if isinstance(message, (list, tuple)):
+        return sum(tensor_bytes(v) for v in message)
+    return 8
