@@ -77,6 +77,8 @@ class FederationSpec(Strict):
     local_epochs: int = Field(1, ge=1)
     batch_size: int = Field(32, ge=1)
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    divergence_loss: float = Field(
+        1e4, gt=0, description="a client's mean local loss above this (or NaN/inf) = diverged")
 
     def participants_per_round(self) -> int:
         return max(1, round(self.participation * self.num_clients))
@@ -166,6 +168,7 @@ def validate(raw: dict[str, Any], source: str | None = None) -> ExperimentSpec:
     """Validate a spec dict completely (structure, then each component's own parameters)."""
     if not isinstance(raw, dict):
         raise SpecError([("", "a spec must be a mapping of fields")], source)
+    raw = _apply_preset(raw, source)
     try:
         spec = ExperimentSpec.model_validate(raw)
     except ValidationError as err:
@@ -192,6 +195,20 @@ def validate(raw: dict[str, Any], source: str | None = None) -> ExperimentSpec:
     if problems:
         raise SpecError(problems, source)
     return spec
+
+
+def _apply_preset(raw: dict[str, Any], source: str | None) -> dict[str, Any]:
+    """Merge the named paper preset (raylf.data.presets) under the spec: explicit fields win."""
+    if "preset" not in raw:
+        return raw
+    from raylf.data import presets
+
+    rest = {k: v for k, v in raw.items() if k != "preset"}
+    name = raw["preset"]
+    if not isinstance(name, str) or name not in presets.PRESETS:
+        allowed = ", ".join(presets.names())
+        raise SpecError([("preset", f"unknown preset {name!r}; allowed: {allowed}")], source)
+    return presets.merge_under(presets.get(name), rest)
 
 
 def set_dotted(tree: dict[str, Any], assignment: str) -> None:

@@ -74,8 +74,10 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
             progress.wall_s = time.perf_counter() - started
             if outcome.diverged:
                 status, diverged_round = "diverged", rnd
-                error = (f"non-finite loss or parameters in round {rnd}; lower "
-                         "federation.optimizer.lr or set federation.optimizer.grad_clip")
+                error = (f"diverged in round {rnd}: a local loss was NaN/inf or above "
+                         f"federation.divergence_loss={spec.federation.divergence_loss:g}, or the "
+                         "aggregate was not finite; lower federation.optimizer.lr or set "
+                         "federation.optimizer.grad_clip")
             if on_round is not None:
                 on_round(outcome, runtime, progress)
             if outcome.diverged:

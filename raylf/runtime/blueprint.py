@@ -10,7 +10,7 @@ import torch
 
 from raylf.config import ExperimentSpec, validate
 from raylf.data.federation import Federation
-from raylf.methods import Method, MethodContext, build_method
+from raylf.methods import METHODS, Method, MethodContext, build_method
 from raylf.models import SplitModel, build_model
 from raylf.seeding import derive
 from raylf.training import LocalTrainer, ParamLayout, model_vector
@@ -28,11 +28,21 @@ class Blueprint:
         return _rebuild, (self.spec.to_dict(), self.federation)
 
     def build_model(self) -> SplitModel:
-        """The common initialization: every client and the server start from these weights."""
+        """The common initialization: every client and the server start from these weights.
+
+        A method class may define ``build_model(spec_model, federation)`` to shape the model
+        itself (a head per task, no encoder); ``spec_model(outputs)`` builds the spec's model
+        with that many head outputs.
+        """
         torch.manual_seed(derive(self.spec.seed, "init"))
         fed = self.federation
-        return build_model(self.spec.model.name, self.spec.model.params, fed.input_shape,
-                           fed.num_classes)
+
+        def spec_model(outputs: int) -> SplitModel:
+            return build_model(self.spec.model.name, self.spec.model.params, fed.input_shape,
+                               outputs)
+
+        custom = getattr(METHODS.get(self.spec.method.name), "build_model", None)
+        return custom(spec_model, fed) if custom else spec_model(fed.num_classes)
 
     @cached_property
     def layout(self) -> ParamLayout:

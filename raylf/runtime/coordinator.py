@@ -75,12 +75,14 @@ class Coordinator:
         record: dict[str, Any] = {
             "round": rnd,
             "participants": len(participants),
+            "participant_ids": [int(c) for c in participants],
             "loss": float(np.mean(losses)) if len(losses) else math.nan,
             "bytes_up": int(up_bytes),
             "bytes_down": int(down),
         }
         record.update(_mean_metrics(metrics))
-        if not np.all(np.isfinite(losses)) or len(losses) < len(participants):
+        limit = self.spec.federation.divergence_loss
+        if len(losses) < len(participants) or not np.all(np.isfinite(losses) & (losses <= limit)):
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)
         self.state, diagnostics = self.method.aggregate(self.state, uploads, rnd)

@@ -24,6 +24,7 @@ class ClientShard:
             torch.set_num_threads(threads)
         self.device = pick_device()
         self.seed = blueprint.spec.seed
+        self.divergence_loss = blueprint.spec.federation.divergence_loss
         self.method = blueprint.method()
         self.trainer = blueprint.trainer(self.device)
         self.data = blueprint.federation.shard(client_ids, self.device)
@@ -54,7 +55,7 @@ class ClientShard:
             steps.append(update.fit.steps)
             up_bytes.append(tensor_bytes(update.upload))
             metrics.append(update.metrics)
-            if not math.isfinite(update.fit.loss):
+            if not math.isfinite(update.fit.loss) or update.fit.loss > self.divergence_loss:
                 break  # diverged: the coordinator stops the experiment at this round
         done = np.asarray(client_ids[: len(losses)], dtype=np.int64)
         return {

@@ -1,0 +1,53 @@
+"""Shared fixtures: one Ray start per test session, small specs built in code."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import pytest  # noqa: E402
+
+from raylf.config import validate  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """2 CPUs and a fake GPU, so fractional-GPU placement is exercised on CPU-only machines."""
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=150 * 2**20,
+             logging_level="warning")
+    yield ray
+    ray.shutdown()
+
+
+def small_spec_dict(**changes) -> dict:
+    spec = {
+        "name": "t",
+        "seed": 3,
+        "dataset": {"name": "digits"},
+        "scenario": {"name": "label_subset", "k": 2},
+        "model": {"name": "mlp", "hidden": [32]},
+        "method": {"name": "fedavg_se"},
+        "federation": {"num_clients": 8, "participation": 0.5, "rounds": 4, "batch_size": 16,
+                       "optimizer": {"lr": 0.05, "momentum": 0.9}},
+        "eval_every": 2,
+        "resources": {"workers": 2, "cpus_per_worker": 0.5, "gpus_per_worker": 0.25},
+    }
+    for dotted, value in changes.items():
+        node = spec
+        *parents, leaf = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return spec
+
+
+@pytest.fixture
+def small_spec():
+    def make(**changes):
+        return validate(small_spec_dict(**changes))
+
+    return make

@@ -1,0 +1,74 @@
+"""The Ray backend against the in-process reference, placement and resource errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from raylf.config import SpecError
+from raylf.experiment import run_experiment
+from raylf.runtime.ray_backend import bundles, check_fits
+
+
+def test_ray_and_local_agree_exactly(ray_cluster, small_spec):
+    """Same partition, same participation stream, same per-client accuracies (CPU, 1 thread)."""
+    spec = small_spec(federation__rounds=6, resources={"workers": 2, "cpus_per_worker": 0.5,
+                                                       "gpus_per_worker": 0.25})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        local = run_experiment(spec, backend="local").tables
+    finally:
+        torch.set_num_threads(threads)
+    remote = run_experiment(spec, backend="ray").tables
+    assert remote["trials"][0]["status"] == "ok", remote["trials"][0]["error"]
+
+    def partition(t):
+        return [(r["client_id"], r["group"], r["n_train"], r["n_test"]) for r in t["clients"]]
+
+    assert partition(remote) == partition(local)
+    assert [r["participant_ids"] for r in remote["rounds"]] == \
+           [r["participant_ids"] for r in local["rounds"]]
+    assert [r["accuracy"] for r in remote["clients"]] == [r["accuracy"] for r in local["clients"]]
+    assert [r["loss"] for r in remote["rounds"]] == pytest.approx(
+        [r["loss"] for r in local["rounds"]], rel=1e-5)
+
+
+def test_actors_fill_every_bundle_of_the_group_with_gpu_shares(ray_cluster, small_spec):
+    """While rounds run, the group's CPU and GPU reservations are entirely held by its actors."""
+    import ray
+
+    seen = {}
+
+    def look(outcome, runtime, progress):
+        if not seen:
+            pg = runtime.group.id.hex()
+            total, free = ray.cluster_resources(), ray.available_resources()
+            seen.update({kind: (total.get(f"{kind}_group_{pg}"), free.get(f"{kind}_group_{pg}", 0))
+                         for kind in ("CPU", "GPU")})
+
+    spec = small_spec(resources={"workers": 3, "cpus_per_worker": 0.5, "gpus_per_worker": 0.25})
+    result = run_experiment(spec, backend="ray", on_round=look)
+    assert result.status == "ok", result.error
+    assert seen["CPU"] == (pytest.approx(0.25 + 3 * 0.5), 0)
+    assert seen["GPU"] == (pytest.approx(3 * 0.25), 0)
+
+
+def test_bundles_reserve_one_per_actor(small_spec):
+    res = small_spec().resources
+    assert bundles(res, 2) == [{"CPU": 0.25}, {"CPU": 0.5, "GPU": 0.25}, {"CPU": 0.5, "GPU": 0.25}]
+
+
+def test_no_gpu_resource_fails_clearly(monkeypatch, small_spec):
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 8.0})
+    with pytest.raises(SpecError) as info:
+        check_fits(small_spec().resources, 4)
+    (field, message), = info.value.problems
+    assert field == "resources.gpus_per_worker" and "no GPU resource" in message
+
+
+def test_too_many_cpus_fails_clearly(monkeypatch, small_spec):
+    monkeypatch.setattr("ray.cluster_resources", lambda: {"CPU": 2.0, "GPU": 1.0})
+    res = small_spec(resources={"workers": 4, "cpus_per_worker": 1}).resources
+    with pytest.raises(SpecError, match="resources.cpus_per_worker"):
+        check_fits(res, 4)
