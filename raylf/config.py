@@ -155,7 +155,9 @@ def _component_registries() -> dict[str, Registry]:
     from raylf.data import scenarios, sources
     from raylf.methods import METHODS
     from raylf.models import MODELS
+    from raylf.plugins import load_plugins
 
+    load_plugins()
     return {
         "dataset": sources.SOURCES,
         "scenario": scenarios.SCENARIOS,

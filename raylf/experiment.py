@@ -48,11 +48,13 @@ RoundHook = Callable[[RoundOutcome, Any, Progress], None]
 def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | None = None,
                    trial_id: str | None = None, sweep: str = "", placement=None,
                    on_round: RoundHook | None = None, progress: Progress | None = None,
-                   snapshot: Any = None, reraise: bool = False) -> ExperimentResult:
+                   snapshot: Any = None, reraise: bool = False,
+                   extra: dict[str, Any] | None = None) -> ExperimentResult:
     """Run ``spec`` round by round; write the tables under ``out`` whatever the outcome.
 
     ``on_round(outcome, runtime, progress)`` runs after every round (progress printing, Tune
     reports and checkpoints). ``progress`` + ``snapshot`` resume a checkpointed experiment.
+    ``extra`` adds columns to the trials row (e.g. a sweep's attempt count).
     Divergence (non-finite loss or parameters) ends it as ``diverged``; an exception as
     ``failed`` with the traceback, re-raised after the tables are written if ``reraise``.
     """
@@ -91,7 +93,7 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
             runtime.close()
     tables = {
         "trials": [trial_row(spec, trial_id, sweep, backend, status, error, diverged_round,
-                             progress, time.perf_counter() - started)],
+                             progress, time.perf_counter() - started) | (extra or {})],
         "rounds": [{"trial_id": trial_id, **r} for r in progress.rounds],
         "clients": [{"trial_id": trial_id, **c} for c in progress.clients],
     }

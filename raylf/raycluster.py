@@ -34,5 +34,5 @@ def connect(address: str | None, num_gpus: float | None, wanted_gpus: float,
             print("raylf: no GPU on this machine; declaring 1 logical GPU so the spec's GPU "
                   "shares schedule (training runs on the CPU; --num-gpus 0 forbids this)",
                   file=sys.stderr)
-    ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
              logging_level="warning", configure_logging=True)

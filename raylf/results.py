@@ -108,6 +108,16 @@ def delete_trial(root: str | Path, trial_id: str) -> None:
             fs.delete_file(path)
 
 
+def read_trial(root: str | Path, trial_id: str) -> dict[str, Any] | None:
+    """The trials-table row one trial wrote, or None if it has not finished writing."""
+    fs, base = filesystem(root)
+    path = f"{base}/tables/trials/{trial_id}.parquet"
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    rows = pq.read_table(path, filesystem=fs).to_pylist()
+    return rows[0] if rows else None
+
+
 def read_table(root: str | Path, table_name: str) -> pa.Table | None:
     fs, base = filesystem(root)
     selector = pafs.FileSelector(f"{base}/tables/{table_name}", allow_not_found=True)

@@ -12,8 +12,8 @@ from raylf import results
 from raylf.config import validate
 from raylf.data import build_federation
 from raylf.experiment import run_experiment
-from raylf.metrics import accuracy_summary
 from raylf.methods.base import Uploads
+from raylf.metrics import accuracy_summary
 from raylf.models import build_model
 from raylf.run import main as run_main
 from raylf.runtime import Blueprint

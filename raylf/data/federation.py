@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from raylf.data.scenarios import make_partition, split_train_test
+from raylf.data.scenarios import (
+    Incompatible,
+    check_compatible,
+    make_partition,
+    split_train_test,
+)
 from raylf.data.sources import SourceData, load_source
 from raylf.seeding import stream
 
@@ -28,6 +33,7 @@ class Federation:
     input_shape: tuple[int, ...]
     num_classes: int
     tasks: tuple[str, ...] = ()
+    label_maps: np.ndarray | None = None  # clients × classes: label seen for each true label
 
     @property
     def num_clients(self) -> int:
@@ -50,13 +56,23 @@ class Federation:
 def build_federation(spec, source: SourceData | None = None) -> Federation:
     """Partition the spec's dataset into ``federation.num_clients`` clients (seeded)."""
     source = source or load_source(spec.dataset.name, spec.dataset.params)
+    try:
+        check_compatible(spec.scenario.name, spec.dataset.name, source)
+    except Incompatible as err:
+        from raylf.config import SpecError
+
+        raise SpecError([("scenario.name", str(err))]) from None
     num_clients = spec.federation.num_clients
-    part = make_partition(spec.scenario.name, spec.scenario.params, source.y, num_clients,
+    part = make_partition(spec.scenario.name, spec.scenario.params, source, num_clients,
                           stream(spec.seed, "partition"))
-    train, test = split_train_test(part.indices, spec.scenario.params.test_fraction,
-                                   stream(spec.seed, "split"))
+    if part.test is not None:
+        train, test = part.indices, part.test
+    else:
+        train, test = split_train_test(part.indices, spec.scenario.params.test_fraction,
+                                       stream(spec.seed, "split"))
     return Federation(spec.dataset.name, spec.dataset.params, train, test, part.groups,
-                      part.angles, source.input_shape, source.num_classes, tuple(source.tasks))
+                      part.angles, source.input_shape, source.num_classes, tuple(source.tasks),
+                      part.label_maps)
 
 
 def _rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
@@ -126,7 +142,10 @@ class ShardData:
                     rows = slice(int(offsets[pos]), int(offsets[pos + 1]))
                     x[rows] = _rotate(x[rows], float(fed.angles[cid]))
             tasks = {t: torch.from_numpy(source.tasks[t][idx]).to(device) for t in source.tasks}
-            return Split(x, torch.from_numpy(source.y[idx]).to(device), tasks, offsets)
+            y = source.y[idx]
+            if fed.label_maps is not None:
+                y = fed.label_maps[np.repeat(client_ids, np.diff(offsets)), y]
+            return Split(x, torch.from_numpy(y).to(device), tasks, offsets)
 
         train = gather([fed.train[c] for c in client_ids])
         test = gather([fed.test[c] for c in client_ids])

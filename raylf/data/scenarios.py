@@ -1,17 +1,21 @@
 """Scenarios: partition a pooled dataset into clients, each with its own distribution.
 
-A partitioner sees only the labels and a seeded generator and returns, per client, the indices of
-its samples plus its latent group; ``split_train_test`` then cuts each client's samples into its
-own train and test split, so both come from the client's distribution.
+A partitioner sees only the labels (or, for ``natural``, the samples' owners) and a seeded
+generator and returns, per client, the indices of its samples plus its latent group;
+``split_train_test`` then cuts each client's samples into its own train and test split, so both
+come from the client's distribution. A scenario that needs something of the dataset declares it
+in ``requires`` and ``check_compatible`` refuses a dataset that lacks it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from raylf.data.sources import SourceData
 from raylf.registry import Registry
 
 
@@ -22,11 +26,15 @@ class ScenarioParams(BaseModel):
 
 @dataclass(frozen=True)
 class Partition:
-    """Per-client sample indices, latent group ids and per-client input rotation in degrees."""
+    """Per-client sample indices, latent group ids, per-client input rotation in degrees,
+    per-client label maps (clients × classes: the label a client sees for each true label) and,
+    for scenarios that must split in order, each client's test indices (``indices`` = train)."""
 
     indices: list[np.ndarray]
     groups: np.ndarray
     angles: np.ndarray | None = None
+    label_maps: np.ndarray | None = None
+    test: list[np.ndarray] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -168,6 +176,124 @@ class Rotation:
         return Partition(_iid(y, num_clients, rng), groups.astype(np.int64), angles % 360.0)
 
 
+@SCENARIOS.register("label_permutation")
+class LabelPermutation:
+    """Concept shift: IID inputs, but each latent cluster sees the labels through its own fixed
+    permutation (SP-CACW's MNIST "label switching"). Clients are dealt round-robin to clusters;
+    cluster 0 keeps the true labels, the others get distinct random permutations."""
+
+    class Params(ScenarioParams):
+        clusters: int = Field(3, ge=1)
+
+    @staticmethod
+    def partition(y, num_clients, rng, params) -> Partition:
+        classes = int(y.max()) + 1
+        perms = [np.arange(classes)]
+        while len(perms) < params.clusters:
+            if math.factorial(classes) < params.clusters:
+                raise ValueError(f"label_permutation clusters={params.clusters} exceeds the "
+                                 f"{math.factorial(classes)} permutations of {classes} labels")
+            perm = rng.permutation(classes)
+            if not any(np.array_equal(perm, p) for p in perms):
+                perms.append(perm)
+        groups = np.arange(num_clients) % params.clusters
+        return Partition(_iid(y, num_clients, rng), groups.astype(np.int64),
+                         label_maps=np.stack([perms[g] for g in groups]).astype(np.int64))
+
+
+@SCENARIOS.register("latent_clusters")
+class LatentClusters:
+    """SP-CACW's CIFAR-100 construction: clients dealt round-robin to ``clusters`` clusters, the
+    classes split into disjoint equal blocks, one per cluster. A client's class mass is uniform
+    over its cluster's block (1/|block| each, 0 elsewhere) plus N(0, eps) noise (eps = standard
+    deviation) on every class, clipped at 0: leakage into other blocks and variation inside a
+    cluster. Each class's samples are then shared among clients in proportion to their mass.
+    """
+
+    class Params(ScenarioParams):
+        clusters: int = Field(4, ge=1)
+        eps: float = Field(0.01, ge=0, description="std of the noise added to each class mass")
+        min_samples: int = Field(4, ge=2)
+
+    @staticmethod
+    def partition(y, num_clients, rng, params) -> Partition:
+        classes = np.unique(y)
+        if params.clusters > min(num_clients, len(classes)):
+            raise ValueError(f"latent_clusters clusters={params.clusters} needs at least as many "
+                             f"clients ({num_clients}) and classes ({len(classes)})")
+        groups = np.arange(num_clients) % params.clusters
+        blocks = np.array_split(rng.permutation(len(classes)), params.clusters)
+        base = np.zeros((num_clients, len(classes)))
+        for k, g in enumerate(groups):
+            base[k, blocks[g]] = 1.0 / len(blocks[g])
+        mass = np.clip(base + rng.normal(0, params.eps, base.shape), 0, None)
+        mass[mass.sum(1) == 0] = base[mass.sum(1) == 0]
+        mass[:, mass.sum(0) == 0] = base[:, mass.sum(0) == 0]  # every class keeps an owner
+        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+        for j, c in enumerate(classes):
+            idx = rng.permutation(np.flatnonzero(y == c))
+            cuts = (np.cumsum(mass[:, j] / mass[:, j].sum())[:-1] * len(idx)).astype(int)
+            for k, chunk in enumerate(np.split(idx, cuts)):
+                parts[k].append(chunk)
+        indices = [np.sort(np.concatenate(p)) for p in parts]
+        if min(map(len, indices)) < params.min_samples:
+            raise ValueError(f"latent_clusters eps={params.eps} left a client with fewer than "
+                             f"{params.min_samples} samples; lower num_clients")
+        return Partition(indices, groups.astype(np.int64))
+
+
+@SCENARIOS.register("multitask_dirichlet")
+class MultitaskDirichlet:
+    """FMT-SVM: Dirichlet label skew over the main (multi-class) label; every task label of a
+    sample travels with it. Needs a dataset with extra task labels."""
+
+    requires = "tasks"
+
+    class Params(Dirichlet.Params):
+        pass
+
+    partition = staticmethod(Dirichlet.partition)
+
+
+@SCENARIOS.register("natural")
+class Natural:
+    """Natural owners grouped into clients (SP-CACW's Shakespeare): each client holds the whole
+    dialogue of ``roles_per_client`` speaking roles drawn at random among those with at least
+    ``min_samples`` samples; every client is its own latent group (no cluster structure).
+
+    Samples overlap with their neighbours (sliding windows), so a random split would put nearly
+    the same window in train and test: each role is split in order instead, its last
+    ``test_fraction`` is test, and ``gap`` windows between the two parts are dropped.
+    """
+
+    requires = "owners"
+
+    class Params(ScenarioParams):
+        roles_per_client: int = Field(1, ge=1, description="m: roles pooled into one client")
+        min_samples: int = Field(100, ge=2, description="roles with fewer samples are not drawn")
+        gap: int = Field(50, ge=0, description="windows dropped between train and test; set to "
+                                               "the sequence length so they share no character")
+
+    @staticmethod
+    def partition(owners, num_clients, rng, params) -> Partition:
+        ids, counts = np.unique(owners, return_counts=True)
+        eligible = ids[counts >= params.min_samples + params.gap]
+        wanted = num_clients * params.roles_per_client
+        if wanted > len(eligible):
+            raise ValueError(f"natural: {num_clients} clients × {params.roles_per_client} roles "
+                             f"need {wanted} roles with ≥ {params.min_samples} samples; the "
+                             f"dataset has {len(eligible)}")
+        chosen = rng.choice(eligible, wanted, replace=False).reshape(num_clients, -1)
+        train, test = [], []
+        for roles in chosen:
+            parts = [np.flatnonzero(owners == r) for r in roles]
+            n_test = [max(1, round(params.test_fraction * (len(p) - params.gap))) for p in parts]
+            train.append(np.concatenate([p[: len(p) - t - params.gap]
+                                         for p, t in zip(parts, n_test)]))
+            test.append(np.concatenate([p[len(p) - t:] for p, t in zip(parts, n_test)]))
+        return Partition(train, np.arange(num_clients, dtype=np.int64), test=test)
+
+
 def split_train_test(
     indices: list[np.ndarray], test_fraction: float, rng: np.random.Generator
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -183,6 +309,30 @@ def split_train_test(
     return train, test
 
 
-def make_partition(name: str, params: BaseModel, y: np.ndarray, num_clients: int,
+class Incompatible(ValueError):
+    """The scenario needs something the dataset does not have (task labels, natural owners)."""
+
+
+_NEEDS = {
+    "tasks": ("extra task labels", lambda src: bool(src.tasks),
+              "multi-task datasets: digits_multitask, pneumonia, breast_ultrasound, or npz with "
+              "y_<task> arrays"),
+    "owners": ("natural owners of its samples", lambda src: src.owners is not None,
+               "datasets with owners: shakespeare"),
+}
+
+
+def check_compatible(scenario: str, dataset: str, source: SourceData) -> None:
+    need = getattr(SCENARIOS.get(scenario), "requires", None)
+    if need is not None:
+        what, present, hint = _NEEDS[need]
+        if not present(source):
+            raise Incompatible(f"scenario {scenario!r} needs a dataset with {what}; dataset "
+                               f"{dataset!r} has none ({hint})")
+
+
+def make_partition(name: str, params: BaseModel, source: SourceData, num_clients: int,
                    rng: np.random.Generator) -> Partition:
-    return SCENARIOS.get(name).partition(y, num_clients, rng, params)
+    scenario = SCENARIOS.get(name)
+    by = source.owners if getattr(scenario, "requires", None) == "owners" else source.y
+    return scenario.partition(by, num_clients, rng, params)

@@ -1,0 +1,149 @@
+"""``python -m raylf.datasets``: the dataset cache and a look at any scenario before running it.
+
+    list | fetch NAME... | verify NAME... | path NAME   the cache (raylf.data.fetch.main)
+    describe                                          the paper presets and their notes
+    describe PRESET [--plot FILE] [--seed N]          per-client table (and label-distribution
+    describe --spec FILE [--plot FILE]                figure) of a preset or an experiment spec
+
+The cache root is ``--root DIR``, else ``$RAYLF_DATA``, else ``~/.cache/raylf/data``.
+Exit codes: 0 ok, 1 dataset missing or broken, 2 invalid spec or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import numpy as np
+
+from raylf.config import SpecError, load_raw, validate
+from raylf.data import build_federation, presets
+from raylf.data.fetch import DatasetError
+from raylf.data.fetch import main as cache_main
+from raylf.data.sources import SOURCES, load_source
+
+# fields a preset leaves to the experiment; describe only needs the data side
+_FILL = {"model": {"name": "mlp"}, "method": {"name": "fedavg"}, "federation": {"rounds": 1}}
+
+
+def resolve(preset: str | None, spec_file: str | None, root: str | None, seed: int | None):
+    """A validated spec for a preset (completed with placeholders) or a spec file."""
+    if spec_file is not None:
+        raw = load_raw(spec_file)
+    elif preset not in presets.PRESETS:
+        raise SpecError([("preset", f"unknown preset {preset!r}; allowed: "
+                                    f"{', '.join(presets.names())}")])
+    else:
+        raw = presets.merge_under(_FILL, presets.get(preset))
+    dataset = raw.get("dataset") if isinstance(raw, dict) else None
+    if root is not None and isinstance(dataset, dict) and dataset.get("name") in SOURCES and \
+            "root" in SOURCES.get(dataset["name"]).Params.model_fields:
+        dataset["root"] = root
+    if seed is not None:
+        raw["seed"] = seed
+    return validate(raw, spec_file)
+
+
+def client_table(fed, y: np.ndarray) -> list[dict[str, Any]]:
+    """One row per client: sizes, group and the label counts (as the client sees labels)."""
+    rows = []
+    for k in range(fed.num_clients):
+        seen = [y[idx] if fed.label_maps is None else fed.label_maps[k][y[idx]]
+                for idx in (fed.train[k], fed.test[k])]
+        counts = np.bincount(np.concatenate(seen), minlength=fed.num_classes)
+        rows.append({"client": k, "group": int(fed.groups[k]), "n_train": len(fed.train[k]),
+                     "n_test": len(fed.test[k]), "counts": counts,
+                     "train_counts": np.bincount(seen[0], minlength=fed.num_classes)})
+    return rows
+
+
+def print_table(spec, rows: list[dict[str, Any]], note: str | None) -> None:
+    print(f"dataset {spec.dataset.name}  scenario {spec.scenario.name} "
+          f"{spec.scenario.params.model_dump(exclude={'test_fraction'})}  "
+          f"clients {len(rows)}  seed {spec.seed}")
+    if note:
+        print(f"note: {note}")
+    print(f"{'client':>6} {'group':>5} {'n_train':>8} {'n_test':>7} {'classes':>7}  present")
+    for r in rows:
+        present = np.flatnonzero(r["counts"])
+        listing = " ".join(map(str, present)) if len(present) <= 12 else \
+            " ".join(map(str, present[:12])) + " …"
+        print(f"{r['client']:>6} {r['group']:>5} {r['n_train']:>8} {r['n_test']:>7} "
+              f"{len(present):>7}  {listing}")
+
+
+def plot(rows: list[dict[str, Any]], title: str, path: str) -> None:
+    """Client × class heat map of each client's train label shares, clients sorted by group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(rows, key=lambda r: (r["group"], r["client"]))
+    shares = np.stack([r["train_counts"] / max(1, r["train_counts"].sum()) for r in rows])
+    height = min(12.0, 1.5 + 0.22 * len(rows))
+    width = min(16.0, 3.0 + 0.12 * shares.shape[1] + 2)
+    fig, ax = plt.subplots(figsize=(max(width, 6.0), max(height, 3.0)))
+    image = ax.imshow(shares, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("class")
+    ax.set_ylabel("client (latent group)")
+    step = max(1, len(rows) // 40)
+    ax.set_yticks(range(0, len(rows), step))
+    ax.set_yticklabels([f"{r['client']} (g{r['group']})" for r in rows][::step], fontsize=7)
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax, label="share of the client's train samples")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def describe(args: argparse.Namespace) -> int:
+    if args.preset is None and args.spec is None:
+        print(f"{len(presets.PRESETS)} presets (use: preset: NAME in a spec, or "
+              f"describe NAME):")
+        for name in presets.names():
+            p = presets.PRESETS[name]
+            extra = {k: v for k, v in p["scenario"].items() if k != "name"}
+            print(f"  {name:28s} {p['dataset']['name']:18s} {p['scenario']['name']} {extra} "
+                  f"clients={p['federation']['num_clients']} model="
+                  f"{p.get('model', {}).get('name', '-')}")
+            print(f"  {'':28s} note: {p['note']}")
+        return 0
+    spec = resolve(args.preset, args.spec, args.root, args.seed)
+    source = load_source(spec.dataset.name, spec.dataset.params)
+    fed = build_federation(spec, source)
+    rows = client_table(fed, source.y)
+    note = presets.PRESETS[args.preset]["note"] if args.preset else None
+    print_table(spec, rows, note)
+    if args.plot:
+        plot(rows, f"{args.preset or args.spec}: {spec.dataset.name} / {spec.scenario.name}, "
+                   f"{fed.num_clients} clients", args.plot)
+        print(f"figure: {args.plot}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "describe":
+        return cache_main(argv)
+    parser = argparse.ArgumentParser(prog="python -m raylf.datasets describe",
+                                     description="per-client table of a preset or a spec")
+    parser.add_argument("preset", nargs="?", help="paper preset (omit to list them)")
+    parser.add_argument("--spec", help="an experiment spec instead of a preset")
+    parser.add_argument("--plot", metavar="FILE", help="write the label-distribution PNG")
+    parser.add_argument("--root", help="cache root of the data")
+    parser.add_argument("--seed", type=int, help="partition seed (default: the spec's)")
+    args = parser.parse_args(argv[1:])
+    try:
+        return describe(args)
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return err.exit_code
+    except DatasetError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Per method and grid point: mean ± sample std over seeds of the headline metrics."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from raylf import results
+
+METRICS = ("acc_mean", "acc_worst", "acc_bottom20", "acc_gap")
+
+
+def leaderboard(root: str, trials) -> pd.DataFrame:
+    """One row per (method, grid point), best acc_mean first; only this sweep's trials."""
+    table = results.load(root)["trials"]
+    wanted = {t.trial_id: t for t in trials}
+    table = table[table["trial_id"].isin(wanted)].copy()
+    if table.empty:
+        return pd.DataFrame()
+    table["point"] = [_point(wanted[t].point) for t in table["trial_id"]]
+    metrics = [m for m in METRICS if m in table]
+    grouped = table.groupby(["method", "point"], sort=False)
+    board = grouped[metrics].agg(["mean", "std"])
+    board.columns = [f"{m}_{stat}" for m, stat in board.columns]
+    board["seeds"] = grouped.size()
+    board["ok"] = grouped["status"].apply(lambda s: int((s == "ok").sum()))
+    board["diverged"] = grouped["status"].apply(lambda s: int((s == "diverged").sum()))
+    board["failed"] = grouped["status"].apply(lambda s: int((s == "failed").sum()))
+    board = board.reset_index()
+    if "acc_mean_mean" in board:
+        board = board.sort_values("acc_mean_mean", ascending=False, na_position="last")
+    return board.reset_index(drop=True)
+
+
+def _point(point: dict) -> str:
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in point.items()) or "-"
+
+
+def render(board: pd.DataFrame) -> str:
+    if board.empty:
+        return "leaderboard: no finished trials"
+    metrics = [m for m in METRICS if f"{m}_mean" in board]
+    header = ["rank", "method", "grid point", *metrics, "seeds", "ok/div/fail"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for rank, row in enumerate(board.itertuples(index=False), 1):
+        cells = [str(rank), row.method, row.point]
+        for m in metrics:
+            mean, std = getattr(row, f"{m}_mean"), getattr(row, f"{m}_std")
+            cells.append("-" if pd.isna(mean) else
+                         f"{mean:.4f}" + ("" if pd.isna(std) else f" ± {std:.4f}"))
+        cells += [str(row.seeds), f"{row.ok}/{row.diverged}/{row.failed}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "leaderboard (mean ± sample std over seeds; final round):\n" + "\n".join(lines)
