@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +66,8 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     runtime = None
     failure: BaseException | None = None
     try:
-        runtime = open_runtime(backend, Blueprint(spec, build_federation(spec)), placement)
+        label = f"{trial_id}/{uuid.uuid4().hex[:6]}"  # unique actor names, retries included
+        runtime = open_runtime(backend, Blueprint(spec, build_federation(spec)), placement, label)
         if snapshot is not None:
             runtime.restore(snapshot)
         for rnd in range(progress.next_round, spec.federation.rounds + 1):

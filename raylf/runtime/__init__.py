@@ -7,7 +7,7 @@ from raylf.runtime.blueprint import Blueprint
 BACKENDS = ("ray", "local")
 
 
-def open_runtime(backend: str, blueprint: Blueprint, placement=None):
+def open_runtime(backend: str, blueprint: Blueprint, placement=None, label: str = "raylf"):
     if backend == "local":
         from raylf.runtime.local import LocalRuntime
 
@@ -15,7 +15,7 @@ def open_runtime(backend: str, blueprint: Blueprint, placement=None):
     if backend == "ray":
         from raylf.runtime.ray_backend import RayRuntime
 
-        return RayRuntime(blueprint, placement)
+        return RayRuntime(blueprint, placement, label)
     raise ValueError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 

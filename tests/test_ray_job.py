@@ -1,0 +1,68 @@
+"""The quickstart submitted as a Ray Job to a local head (loopback only), as users run it."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from raylf import results
+from raylf.sweepspec import load_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(url: str, seconds: float) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except (OSError, http.client.HTTPException):
+            time.sleep(1)
+    raise TimeoutError(f"{url} did not answer within {seconds:.0f} s")
+
+
+@pytest.mark.slow
+def test_quickstart_as_a_ray_job_on_a_local_head(tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    gcs, dashboard = _free_port(), _free_port()
+    head = subprocess.Popen(
+        [RAY, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2", "--num-gpus=1",
+         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+         f"--dashboard-port={dashboard}", "--include-dashboard=true"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        _wait_for(f"{address}/api/version", 180)
+        storage = tmp_path / "out"
+        job = subprocess.run(
+            [RAY, "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
+             sys.executable, "-m", "raylf.sweep", "tune/quickstart.yaml", "--storage",
+             str(storage)],
+            env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert "succeeded" in job.stdout
+    assert "leaderboard" in job.stdout
+    _, trials = load_sweep(ROOT / "tune/quickstart.yaml")
+    table = results.load(storage / "quickstart")["trials"]
+    assert sorted(table["trial_id"]) == sorted(t.trial_id for t in trials)
+    assert set(table["status"]) == {"ok"}
