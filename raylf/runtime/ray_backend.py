@@ -16,8 +16,12 @@ from raylf.config import ResourceSpec, SpecError
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
 from raylf.runtime.shard import ClientShard
+from raylf.training import tensor_bytes
 
 PLACEMENT_TIMEOUT_S = 60.0
+# A broadcast below this size travels inline in each task (Ray inlines small arguments); a
+# ray.put costs about a millisecond of its own, more than copying a small model per task.
+INLINE_BROADCAST_BYTES = 64 * 1024
 
 
 def bundles(resources: ResourceSpec, workers: int) -> list[dict[str, float]]:
@@ -63,13 +67,20 @@ class RayPool:
     def _get(self, refs):
         return ray.get(refs, timeout=self.timeout_s)
 
+    @staticmethod
+    def _broadcast(payload, tasks: int):
+        """Put the payload in the object store once when several tasks share a large one."""
+        if tasks > 1 and tensor_bytes(payload) >= INLINE_BROADCAST_BYTES:
+            return ray.put(payload)
+        return payload
+
     def train(self, rnd, payload, work, extras):
-        ref = ray.put(payload)
+        ref = self._broadcast(payload, len(work))
         return self._get([self.actors[s].train.remote(rnd, ref, ids, extras.get(s, {}))
                           for s, ids in sorted(work.items())])
 
     def evaluate(self, rnd, payload, extras):
-        ref = ray.put(payload)
+        ref = self._broadcast(payload, len(self.actors))
         parts = self._get([a.evaluate.remote(rnd, ref, extras.get(s, {}))
                            for s, a in enumerate(self.actors)])
         return [row for part in parts for row in part]
@@ -84,7 +95,9 @@ class RayPool:
 class RayRuntime:
     name = "ray"
 
-    def __init__(self, blueprint: Blueprint, placement: tuple[PlacementGroup, int] | None = None):
+    def __init__(self, blueprint: Blueprint, placement: tuple[PlacementGroup, int] | None = None,
+                 label: str = "raylf"):
+        """``label`` names the actors in the dashboard: ``<label>/coordinator``, ``/worker-3``."""
         res = blueprint.spec.resources
         shards = blueprint.shards()
         self.timeout_s = res.round_timeout_s
@@ -111,13 +124,14 @@ class RayRuntime:
         self.workers = [
             shard_actor.options(
                 num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker,
-                scheduling_strategy=on_bundle(1 + w),
+                scheduling_strategy=on_bundle(1 + w), name=f"{label}/worker-{w}",
             ).remote(blueprint, ids, res.threads_per_worker())
             for w, ids in enumerate(shards)
         ]
         coordinator_actor = ray.remote(Coordinator)
         self.coordinator = coordinator_actor.options(
             num_cpus=res.coordinator_cpus, scheduling_strategy=on_bundle(0),
+            name=f"{label}/coordinator",
         ).remote(blueprint, RayPool(self.workers, self.timeout_s))
 
     def run_round(self, rnd: int) -> RoundOutcome:
