@@ -67,7 +67,9 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     failure: BaseException | None = None
     try:
         label = f"{trial_id}/{uuid.uuid4().hex[:6]}"  # unique actor names, retries included
-        runtime = open_runtime(backend, Blueprint(spec, build_federation(spec)), placement, label)
+        blueprint = Blueprint(spec, build_federation(spec))
+        blueprint.method()  # incompatible method and data fail here, before any actor starts
+        runtime = open_runtime(backend, blueprint, placement, label)
         if snapshot is not None:
             runtime.restore(snapshot)
         for rnd in range(progress.next_round, spec.federation.rounds + 1):
@@ -111,9 +113,9 @@ def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, sta
               error: str | None, diverged_round: int | None, progress: Progress,
               wall_s: float) -> dict[str, Any]:
     rounds = progress.rounds
-    evaluated = [r for r in rounds if "acc_mean" in r]
+    evaluated = [r for r in rounds if any(k.startswith("acc_") for k in r)]
     final = evaluated[-1] if evaluated else {}
-    best = max(evaluated, key=lambda r: r["acc_mean"], default={})
+    best = max((r for r in evaluated if "acc_mean" in r), key=lambda r: r["acc_mean"], default={})
     row: dict[str, Any] = {
         "trial_id": trial_id, "sweep": sweep, "name": spec.name, "method": spec.method.name,
         "dataset": spec.dataset.name, "scenario": spec.scenario.name, "model": spec.model.name,

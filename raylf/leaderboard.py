@@ -17,7 +17,7 @@ def leaderboard(root: str, trials) -> pd.DataFrame:
     if table.empty:
         return pd.DataFrame()
     table["point"] = [_point(wanted[t].point) for t in table["trial_id"]]
-    metrics = [m for m in METRICS if m in table]
+    metrics = [c for m in METRICS for c in table.columns if c == m or c.startswith(m + "_")]
     grouped = table.groupby(["method", "point"], sort=False)
     board = grouped[metrics].agg(["mean", "std"])
     board.columns = [f"{m}_{stat}" for m, stat in board.columns]
@@ -26,8 +26,10 @@ def leaderboard(root: str, trials) -> pd.DataFrame:
     board["diverged"] = grouped["status"].apply(lambda s: int((s == "diverged").sum()))
     board["failed"] = grouped["status"].apply(lambda s: int((s == "failed").sum()))
     board = board.reset_index()
-    if "acc_mean_mean" in board:
-        board = board.sort_values("acc_mean_mean", ascending=False, na_position="last")
+    ranking = [c for c in board if c.startswith("acc_mean") and c.endswith("_mean")]
+    if ranking:  # single-task: acc_mean; multi-task: the mean over the tasks' acc_mean
+        board = board.assign(_rank=board[ranking].mean(axis=1)).sort_values(
+            "_rank", ascending=False, na_position="last").drop(columns="_rank")
     return board.reset_index(drop=True)
 
 
@@ -38,7 +40,8 @@ def _point(point: dict) -> str:
 def render(board: pd.DataFrame) -> str:
     if board.empty:
         return "leaderboard: no finished trials"
-    metrics = [m for m in METRICS if f"{m}_mean" in board]
+    metrics = [c[: -len("_mean")] for c in board.columns
+               if c.endswith("_mean") and c.startswith(METRICS)]
     header = ["rank", "method", "grid point", *metrics, "seeds", "ok/div/fail"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, row in enumerate(board.itertuples(index=False), 1):

@@ -38,5 +38,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
             np.array([r["correct"] for r in task_rows]),
             np.array([r["n_test"] for r in task_rows]))
         summary["eval_loss"] = float(np.mean([r["loss"] for r in task_rows]))
+        summary.update(extra_means(task_rows))
         out.update({f"{k}{suffix}": v for k, v in summary.items()})
+    return out
+
+
+def extra_means(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean over clients of every ``auc*`` and ``accuracy_*`` column (auc → auc_mean,
+    accuracy_own → acc_own_mean); clients whose value is null (a one-class split) are skipped."""
+    out: dict[str, float] = {}
+    for key in sorted({k for r in rows for k in r if k.startswith(("auc", "accuracy_"))}):
+        values = [r[key] for r in rows if r.get(key) is not None]
+        if values:
+            out[key.replace("accuracy", "acc") + "_mean"] = float(np.mean(values))
     return out

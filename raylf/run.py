@@ -31,8 +31,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def progress_line(record: dict, rounds: int) -> str:
-    acc = (f"acc_mean {record['acc_mean']:.4f}  acc_worst {record['acc_worst']:.4f}"
-           if "acc_mean" in record else "acc_mean    -    acc_worst    -   ")
+    """Mean and worst client accuracy (per task for multi-task methods) on evaluation rounds."""
+    tasks = sorted(k[len("acc_mean"):] for k in record if k.startswith("acc_mean"))
+    acc = "  ".join(f"acc_mean{t} {record['acc_mean' + t]:.4f}  acc_worst{t} "
+                    f"{record['acc_worst' + t]:.4f}" for t in tasks
+                    if "acc_worst" + t in record) or "acc_mean    -    acc_worst    -   "
     return (f"round {record['round']:>4}/{rounds}  {acc}  loss {record['loss']:.4f}  "
             f"{record['round_s']:.2f}s")
 
@@ -62,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return EXIT_SPEC
     trial = result.trial
-    print(f"status {result.status}: {trial['rounds']} rounds in {trial['wall_s']:.1f}s, "
-          f"final acc_mean {trial.get('acc_mean', float('nan')):.4f}")
+    finals = "  ".join(f"{k} {v:.4f}" for k, v in trial.items()
+                       if k.startswith("acc_mean") and v is not None)
+    print(f"status {result.status}: {trial['rounds']} rounds in {trial['wall_s']:.1f}s; "
+          f"final {finals or 'accuracy -'}")
     if result.error:
         print(result.error, file=sys.stderr)
     print("tables:")

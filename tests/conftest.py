@@ -17,8 +17,8 @@ def ray_cluster():
     """2 CPUs and a fake GPU, so fractional-GPU placement is exercised on CPU-only machines."""
     import ray
 
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, object_store_memory=150 * 2**20,
-             logging_level="warning")
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
+             object_store_memory=150 * 2**20, logging_level="warning")
     yield ray
     ray.shutdown()
 
