@@ -8,7 +8,7 @@ The workload is fully given by the ``.npz`` file:
 
 * ``x`` (float32, N x F), ``y`` (int64, N);
 * ``train_idx_<k>`` / ``test_idx_<k>`` for each client k = 0..K-1;
-* ``participants`` (int64, R x M): the clients that train in round r (0-based);
+* ``participants`` (int64, R x M): row r - 1 holds the clients that train in round r = 1..R;
 * ``init`` (float32): the flat initial MLP parameters, Linear layers in order, weight then bias,
   each in PyTorch layout (out x in);
 * ``config``: a 0-d string array holding JSON with ``hidden``, ``num_classes``, ``rounds``,
@@ -23,8 +23,9 @@ How it maps onto Flower (flwr 1.42, Message API):
   the nodes of ``participants[r]``; federated evaluation is switched off;
 * each client trains ``local_epochs`` of minibatch SGD (fresh optimizer with momentum, mean
   cross-entropy, last partial batch kept), shuffled with a ``torch.Generator`` seeded by
-  ``derive_seed(seed, "client", r, k)`` (r 0-based); replies carry ``num-examples`` = n_train, and
-  Flower's FedAvg aggregation averages weighted by it;
+  ``derive_seed(seed, "client", r, k)`` with r the 1-based round (Flower's server-round, and
+  raylf's round number), so both sides shuffle identically; replies carry ``num-examples`` =
+  n_train, and Flower's FedAvg aggregation averages weighted by it;
 * after the simulation, the final global model is evaluated centrally on every client's test split.
 
 Output JSON: flwr_version, ray_version, wall_s (the whole ``run_simulation`` call: Ray start-up,
@@ -118,7 +119,8 @@ def _validate(wl: dict[str, Any]) -> None:
     if num_clients == 0 or len(wl["test_idx"]) != num_clients:
         raise ValueError("workload needs train_idx_<k> and test_idx_<k> for k = 0..K-1")
     if parts.ndim != 2 or parts.shape[0] != int(cfg["rounds"]):
-        raise ValueError(f"participants has shape {parts.shape}, expected (rounds={cfg['rounds']}, M)")
+        raise ValueError(f"participants has shape {parts.shape}, "
+                         f"expected (rounds={cfg['rounds']}, M)")
     if parts.size and (parts.min() < 0 or parts.max() >= num_clients):
         raise ValueError("participants holds a client id outside 0..K-1")
     for r, row in enumerate(parts):
@@ -194,7 +196,9 @@ def train(msg: Message, context: Context) -> Message:
     torch.set_num_threads(max(1, int(float(cfg["cpus_per_client"]))))
 
     client = int(context.node_config[PARTITION_ID])
-    rnd = int(cfg_rec["server-round"]) - 1  # Flower counts rounds from 1; the workload from 0
+    # The shuffle seed uses the 1-based round number, exactly as raylf does
+    # (derive(seed, "client", rnd, cid) with rnd = 1..R); Flower's server-round is 1-based too.
+    rnd = int(cfg_rec["server-round"])
     idx = wl["train_idx"][client]
 
     model = build_mlp(wl["x"].shape[1], cfg)
@@ -310,8 +314,10 @@ def run(workload: str, num_cpus: float | None, timeout: float, verbose: bool) ->
     if not verbose:
         logging.getLogger("flwr").setLevel(logging.ERROR)
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\.")
-    init_args: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": verbose,
-                                 "include_dashboard": False}
+    # address="local": always start a fresh Ray here, never join a cluster someone else
+    # started on this machine with `ray start` (ray.init() would otherwise connect to it).
+    init_args: dict[str, Any] = {"address": "local", "logging_level": "ERROR",
+                                 "log_to_driver": verbose, "include_dashboard": False}
     if num_cpus is not None:
         init_args["num_cpus"] = num_cpus
     backend_config = {

@@ -51,11 +51,15 @@ def test_quickstart_as_a_ray_job_on_a_local_head(tmp_path):
     try:
         _wait_for(f"{address}/api/version", 180)
         storage = tmp_path / "out"
-        job = subprocess.run(
-            [RAY, "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
-             sys.executable, "-m", "raylf.sweep", "tune/quickstart.yaml", "--storage",
-             str(storage)],
-            env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+        for _ in range(6):  # the head's job agent registers a little after the dashboard
+            job = subprocess.run(
+                [RAY, "job", "submit", "--address", address, "--working-dir", str(ROOT), "--",
+                 sys.executable, "-m", "raylf.sweep", "tune/quickstart.yaml", "--storage",
+                 str(storage)],
+                env=env, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+            if "No available agent" not in job.stdout + job.stderr:
+                break
+            time.sleep(10)
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)

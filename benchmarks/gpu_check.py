@@ -1,0 +1,162 @@
+"""GPU check: the compute-heavy workload with 4 workers at 0.25 GPU each.
+
+    python benchmarks/gpu_check.py --out DIR [--rounds 10] [--quick]
+
+Writes ``DIR/gpu_check.json``: machine, per-round wall times (driver side) and their median after
+the first round, the floor on the same device (single process), GPU utilization and memory
+sampled with nvidia-smi every 0.5 s while raylf runs (null fields when there is no nvidia-smi),
+and final accuracies. On a machine without a GPU it runs the same thing on the CPU (one logical
+GPU declared so the 0.25 shares schedule), so the script is testable anywhere; ``--quick``
+shrinks the workload for that. Sized to finish well under 5 minutes on one GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray starts its workers at niceness 15; the floor runs at 0. On a shared machine that alone
+# would starve raylf (and Flower) against other users' processes: compare at equal priority.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks import workloads as W  # noqa: E402
+from benchmarks.run import describe_machine  # noqa: E402
+from raylf.experiment import run_experiment  # noqa: E402
+
+
+class GpuSampler:
+    """Polls nvidia-smi (utilization %, memory MiB per GPU) in a background thread."""
+
+    def __init__(self, interval: float = 0.5):
+        self.exe = shutil.which("nvidia-smi")
+        self.interval = interval
+        self.samples: list[tuple[float, list[float], list[float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _poll(self) -> None:
+        try:
+            out = subprocess.run([self.exe, "--query-gpu=utilization.gpu,memory.used",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=5).stdout
+        except (OSError, subprocess.SubprocessError):
+            return
+        util, mem = [], []
+        for line in out.strip().splitlines():
+            u, m = (float(v) for v in line.split(","))
+            util.append(u)
+            mem.append(m)
+        if util:
+            self.samples.append((time.time(), util, mem))
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._poll()
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        if self.exe:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self.exe:
+            self._thread.join()
+
+    def summary(self) -> dict:
+        if not self.samples:
+            return {"nvidia_smi": self.exe, "util_mean_pct": None, "util_max_pct": None,
+                    "mem_peak_mib": None, "samples": 0}
+        util = np.array([s[1][0] for s in self.samples])
+        mem = np.array([s[2][0] for s in self.samples])
+        return {"nvidia_smi": self.exe, "util_mean_pct": float(util.mean()),
+                "util_median_pct": float(np.median(util)), "util_max_pct": float(util.max()),
+                "mem_peak_mib": float(mem.max()), "samples": len(self.samples)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="directory for gpu_check.json")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU testing)")
+    args = parser.parse_args(argv)
+    import ray
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = torch.cuda.device_count()
+    cores = os.cpu_count() or 2
+    fields = {"federation__rounds": args.rounds, "eval_every": max(1, args.rounds // 2)}
+    if args.quick:
+        fields.update(dataset__n_samples=800, federation__rounds=3, eval_every=3)
+    cpus = min(2.0, (cores - 0.25) / args.workers)
+    spec = W.make_spec(W.HEAVY, workers=args.workers, cpus_per_worker=cpus,
+                       gpus_per_worker=0.25, **fields)
+    result: dict = {"machine": describe_machine(), "physical_gpus": gpus,
+                    "spec": spec.to_dict(), "device": "cuda" if gpus else "cpu"}
+
+    t0 = time.perf_counter()
+    floor = W.floor_run(spec, device="cuda" if gpus else "cpu")
+    result["floor"] = {"round_s": floor["round_s"],
+                       "round_s_median": W.median_after_first(floor["round_s"]),
+                       "wall_s": time.perf_counter() - t0}
+
+    ray.init(address="local", num_cpus=cores, num_gpus=max(gpus, 1), include_dashboard=False,
+             logging_level="warning")
+    stamps: list[float] = []
+    coord: list[float] = []
+    try:
+        with GpuSampler() as sampler:
+            t0 = time.perf_counter()
+            res = run_experiment(spec, backend="ray", reraise=True,
+                                 on_round=lambda o, r, p: (stamps.append(time.perf_counter()),
+                                                           coord.append(o.record["round_s"])))
+            wall = time.perf_counter() - t0
+    finally:
+        ray.shutdown()
+    per_round = list(np.diff(stamps))
+    last = spec.federation.rounds
+    accs = [r["accuracy"] for r in res.tables["clients"] if r["round"] == last]
+    diff = max((abs(a - b) for a, b in zip(accs, floor["final_acc_per_client"])
+                if a is not None and b is not None), default=None)
+    result["raylf"] = {
+        "status": res.status, "workers": args.workers, "gpus_per_worker": 0.25,
+        "cpus_per_worker": cpus, "round_s": per_round,
+        "round_s_median": float(np.median(per_round)) if per_round else None,
+        "coordinator_round_s": coord, "wall_s": wall, "acc_mean": res.trial.get("acc_mean"),
+        "max_acc_diff_vs_floor": diff,
+    }
+    if per_round:
+        result["ratio_to_floor"] = result["raylf"]["round_s_median"] / \
+            result["floor"]["round_s_median"]
+    result["gpu"] = sampler.summary()
+    result["driver_floor_max_memory_allocated_mib"] = (
+        torch.cuda.max_memory_allocated() / 2**20 if gpus else None)
+    path = out / "gpu_check.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps({k: result.get(k) for k in ("device", "ratio_to_floor")}
+                     | {"raylf_round_s": result["raylf"]["round_s_median"],
+                        "floor_round_s": result["floor"]["round_s_median"],
+                        "gpu": result["gpu"], "json": str(path)}, indent=1))
+    return 0 if res.status == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,428 @@
+"""raylf performance harness: ``python benchmarks/run.py [--quick] [--out DIR]``.
+
+Sections (see benchmarks/README.md):
+
+1. overhead — the same experiment as the floor (a plain single-process PyTorch loop), raylf's
+   in-process backend and raylf on Ray with 1 and 2 workers; tiny and compute-heavy workloads;
+   plus a phase breakdown (dispatch, fit, per-client loop, aggregation, evaluation).
+2. scaling — seconds per round and peak Σ RSS for 100 / 1,000 / 10,000 virtual clients at a fixed
+   number of participants per round.
+3. flower — Flower's simulation on the identical workload (skipped in --quick, or when the
+   Flower venv is missing).
+
+Writes ``results.json``, ``results.parquet`` and ``results.md`` under ``--out`` and prints the
+markdown table. Per-round times are medians over rounds after the first, then the median over
+repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+# Ray workers unpickle benchmark classes by reference: give them the repository on their path.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray starts its workers at niceness 15; the floor runs at 0. On a shared machine that alone
+# would starve raylf (and Flower) against other users' processes: compare at equal priority.
+os.environ.setdefault("RAY_worker_niceness", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from benchmarks import workloads as W  # noqa: E402
+from raylf.data.federation import build_federation  # noqa: E402
+from raylf.experiment import run_experiment  # noqa: E402
+from raylf.runtime.blueprint import Blueprint  # noqa: E402
+from raylf.runtime.coordinator import Coordinator  # noqa: E402
+
+FLOWER_PY = ROOT / "benchmarks" / ".flower-venv" / "bin" / "python"
+COLUMNS = [
+    "section", "workload", "variant", "clients", "participants", "rounds", "workers", "repeats",
+    "round_s", "round_s_mean", "ratio_to_floor", "coord_round_s", "wall_s", "acc_mean",
+    "max_acc_diff_vs_floor", "balance_bound", "peak_rss_gib", "peak_rss_all_gib", "peak_pss_gib",
+    "dispatch_s", "fit_s", "client_loop_s", "aggregate_s", "evaluate_s", "other_s", "note",
+]
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def describe_machine() -> dict[str, Any]:
+    import ray
+
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                             capture_output=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, text=True, capture_output=True, timeout=5).stdout.strip()
+        sha = f"{sha}{'+dirty' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        sha = "unknown"
+    return {
+        "cpu": cpu, "cores": os.cpu_count(),
+        "ram_gib": round(W.psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
+        "git_sha": sha, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch_threads_driver": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "loadavg_1m_at_start": round(os.getloadavg()[0], 2),
+    }
+
+
+def start_ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=0, include_dashboard=False,
+                 logging_level="warning", object_store_memory=400 * 2**20)
+
+
+def stop_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+# --------------------------------------------------------------------------- measurements
+
+
+def ray_resources(workers: int) -> dict[str, Any]:
+    """Worker CPUs so that coordinator (0.25) + workers fit the machine; 1 torch thread each."""
+    cores = os.cpu_count() or 2
+    return {"workers": workers, "cpus_per_worker": min(1.0, (cores - 0.25) / workers)}
+
+
+def measure_raylf(base: dict, backend: str, workers: int, *, sampler: bool = False,
+                  **overrides) -> dict[str, Any]:
+    res = ray_resources(workers) if backend == "ray" else {"workers": workers}
+    spec = W.make_spec(base, **res, **overrides)
+    stamps: list[float] = []
+    coord: list[float] = []
+
+    def hook(outcome, runtime, progress):
+        stamps.append(time.perf_counter())
+        coord.append(outcome.record["round_s"])
+
+    rss = W.RssSampler() if sampler else None
+    t0 = time.perf_counter()
+    if rss:
+        rss.__enter__()
+    try:
+        result = run_experiment(spec, backend=backend, on_round=hook, reraise=True)
+    finally:
+        if rss:
+            rss.__exit__(None, None, None)
+    wall = time.perf_counter() - t0
+    if result.status != "ok":
+        raise RuntimeError(f"{backend} run ended {result.status}: {result.error}")
+    last = spec.federation.rounds
+    accs = {r["client_id"]: r["accuracy"] for r in result.tables["clients"]
+            if r["round"] == last and r["task"] == "main"}
+    per_round = list(np.diff(stamps)) if len(stamps) > 1 else [wall]
+    out = {
+        "round_s": float(np.median(per_round)), "round_s_mean": float(np.mean(per_round)),
+        "coord_round_s": W.median_after_first(coord), "wall_s": wall,
+        "acc": [accs.get(k) for k in range(spec.federation.num_clients)],
+        "acc_mean": result.trial.get("acc_mean"),
+        "balance_bound": W.balance_bound(spec) if workers > 1 else 1.0,
+    }
+    if rss:
+        out["peak_rss_gib"] = rss.peak_workers / 2**30
+        out["peak_rss_all_gib"] = rss.peak_all / 2**30
+        out["peak_pss_gib"] = rss.peak_pss / 2**30
+        out["rss_breakdown_mib"] = rss.breakdown
+    return out
+
+
+def measure_floor(base: dict, **overrides) -> dict[str, Any]:
+    spec = W.make_spec(base, **overrides)
+    t0 = time.perf_counter()
+    run = W.floor_run(spec)
+    wall = time.perf_counter() - t0
+    accs = [a for a in run["final_acc_per_client"] if a is not None]
+    return {"round_s": W.median_after_first(run["round_s"]),
+            "round_s_mean": float(np.mean(run["round_s"][1:] or run["round_s"])),
+            "wall_s": wall, "acc": run["final_acc_per_client"], "acc_mean": float(np.mean(accs))}
+
+
+def repeat(fn, times: int) -> dict[str, Any]:
+    return summarize([fn() for _ in range(times)])
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    times = len(runs)
+    best = dict(runs[0])
+    for key in ("round_s", "round_s_mean", "coord_round_s", "wall_s", "peak_rss_gib",
+                "peak_rss_all_gib", "peak_pss_gib"):
+        if key in best:
+            best[key] = float(np.median([r[key] for r in runs]))
+    best["repeats"] = times
+    return best
+
+
+def max_diff(a: list, b: list) -> float:
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    return float(max((abs(x - y) for x, y in pairs), default=float("nan")))
+
+
+def phase_probe(base: dict, backend: str, workers: int, **overrides) -> dict[str, float]:
+    """Drive a Coordinator from this process with timed shards and time each phase."""
+    import ray
+
+    from raylf.runtime.local import LocalPool
+    from raylf.runtime.ray_backend import RayPool
+
+    res = ray_resources(workers) if backend == "ray" else {"workers": workers}
+    spec = W.make_spec(base, **res, **overrides)
+    bp = Blueprint(spec, build_federation(spec))
+    actors = []
+    if backend == "local":
+        pool = LocalPool([W.TimedShard(bp, ids) for ids in bp.shards()])
+    else:
+        cls = ray.remote(W.TimedShard)
+        threads = spec.resources.threads_per_worker()
+        actors = [cls.options(num_cpus=spec.resources.cpus_per_worker).remote(bp, ids, threads)
+                  for ids in bp.shards()]
+        pool = RayPool(actors, 600.0)
+    try:
+        clock = W.PhaseClock(Coordinator(bp, pool))
+        for rnd in range(1, spec.federation.rounds + 1):
+            clock.run_round(rnd)
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+    return clock.medians()
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def row(section: str, workload: str, variant: str, spec_base: dict, **fields) -> dict[str, Any]:
+    fed = spec_base["federation"]
+    r = dict.fromkeys(COLUMNS)
+    r.update(section=section, workload=workload, variant=variant, clients=fed["num_clients"],
+             participants=max(1, round(fed["participation"] * fed["num_clients"])),
+             rounds=fed["rounds"])
+    r.update({k: v for k, v in fields.items() if k in COLUMNS})
+    return r
+
+
+def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    reps = 1 if quick else 3
+    tiny, heavy = dict(W.TINY), dict(W.HEAVY)
+    if quick:
+        tiny = W.with_fields(tiny, federation__rounds=4, eval_every=2)
+        heavy = W.with_fields(heavy, dataset__n_samples=600, federation__rounds=2, eval_every=2)
+    for name, base, n_rep in (("tiny", tiny, reps), ("heavy", heavy, 1 if quick else 3)):
+        variants = [("local", "local", 1), ("ray-1w", "ray", 1), ("ray-2w", "ray", 2)]
+        if quick and name == "heavy":  # each Ray run starts fresh actors: keep the smoke short
+            variants = [v for v in variants if v[0] != "ray-1w"]
+        # Repeats interleave the variants (floor, local, ray-1w, ray-2w, floor, …) so that a
+        # change in the machine's load hits all of them; ratios are taken within a repeat.
+        runs: dict[str, list[dict[str, Any]]] = {"floor": []}
+        for _ in range(n_rep):
+            runs["floor"].append(measure_floor(base))
+            for variant, backend, workers in variants:
+                runs.setdefault(variant, []).append(measure_raylf(base, backend, workers))
+        floor = summarize(runs["floor"])
+        log(f"[{name}] floor {floor['round_s']:.4f} s/round")
+        rows.append(row("overhead", name, "floor", base, workers=1, ratio_to_floor=1.0,
+                        max_acc_diff_vs_floor=0.0, note="plain PyTorch loop, 1 thread", **floor))
+        for variant, _backend, workers in variants:
+            m = summarize(runs[variant])
+            ratio = float(np.median([r["round_s"] / f["round_s"]
+                                     for r, f in zip(runs[variant], runs["floor"])]))
+            log(f"[{name}] {variant} {m['round_s']:.4f} s/round ({ratio:.2f}x floor)")
+            rows.append(row("overhead", name, variant, base, workers=workers,
+                            ratio_to_floor=ratio,
+                            max_acc_diff_vs_floor=max(max_diff(r["acc"], f["acc"]) for r, f
+                                                      in zip(runs[variant], runs["floor"])),
+                            **m))
+        probes = [("local", "local", 1), ("ray-1w", "ray", 1), ("ray-2w", "ray", 2)]
+        if quick:
+            probes = [("local", "local", 1)] if name == "tiny" else []
+        for variant, backend, workers in probes:
+            ph = phase_probe(base, backend, workers)
+            log(f"[{name}] phases {variant}: " + ", ".join(f"{k} {v:.4f}" for k, v in ph.items()))
+            rows.append(row("phases", name, variant, base, workers=workers,
+                            note="driver-side coordinator with timed shards; medians",
+                            **ph))
+    return rows
+
+
+def scaling_section(quick: bool, log) -> list[dict[str, Any]]:
+    rows = []
+    sizes, participants, rounds = ((100, 1000), 10, 3) if quick else ((100, 1000, 10000), 100, 5)
+    for n in sizes:
+        base = W.scaling_spec(n, participants, rounds)
+        if not quick:  # a fresh Ray per size, so idle workers of earlier runs do not count
+            stop_ray()
+            start_ray()
+        workers = 1 if quick else 2
+        m = measure_raylf(base, "ray", workers, sampler=True)
+        log(f"[scaling] {n} clients: {m['round_s']:.3f} s/round, "
+            f"peak RSS {m['peak_rss_gib']:.2f} GiB (all {m['peak_rss_all_gib']:.2f} GiB, "
+            f"PSS {m['peak_pss_gib']:.2f} GiB)")
+        rows.append(row("scaling", f"synthetic-{n}", f"ray-{workers}w", base, workers=workers,
+                        repeats=1,
+                        note="MiB RSS at peak: " + ", ".join(
+                            f"{k} {v}" for k, v in m["rss_breakdown_mib"].items()), **m))
+    return rows
+
+
+def flower_section(log, out_dir: Path) -> list[dict[str, Any]]:
+    base = W.with_fields(W.TINY, eval_every=W.TINY["federation"]["rounds"])
+    spec = W.make_spec(base)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "flower_workload.npz"
+        W.export_npz(spec, path, cpus_per_client=1.0)
+        result_path = Path(tmp) / "flower.json"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        stop_ray()  # Flower starts its own Ray: do not leave ours idling on the same cores
+        t0 = time.perf_counter()
+        subprocess.run([str(FLOWER_PY), str(ROOT / "benchmarks" / "flower_side.py"),
+                        "--workload", str(path), "--out", str(result_path),
+                        "--num-cpus", str(os.cpu_count())],
+                       check=True, env=env, cwd=ROOT, timeout=1800)
+        outer = time.perf_counter() - t0
+        fl = json.loads(result_path.read_text())
+    start_ray()
+    ours = repeat(lambda: measure_raylf(base, "ray", 2), 3)
+    fl_round = W.median_after_first(fl["round_s"])
+    diff = max_diff(ours["acc"], fl["final_acc_per_client"])
+    log(f"[flower] flower {fl_round:.4f} s/round, raylf {ours['round_s']:.4f} s/round; "
+        f"acc flower {fl['acc_mean']:.4f} raylf {ours['acc_mean']:.4f} (max diff {diff:.2g})")
+    rows.append(row("flower", "tiny", f"flower {fl['flwr_version']}", base, workers=2,
+                    repeats=1, round_s=fl_round, round_s_mean=float(np.mean(fl["round_s"][1:])),
+                    wall_s=fl["wall_s"], acc_mean=fl["acc_mean"],
+                    ratio_to_floor=fl_round / ours["round_s"],
+                    max_acc_diff_vs_floor=diff,
+                    note=(f"ray {fl['ray_version']}, 1 CPU/client; ratio column = flower/raylf "
+                          f"per round; wall = run_simulation incl. Ray start ({outer:.1f}s "
+                          "with process start)")))
+    rows.append(row("flower", "tiny", "raylf ray-2w", base, workers=2,
+                    ratio_to_floor=1.0, max_acc_diff_vs_floor=diff,
+                    note=f"flower/raylf total wall {fl['wall_s'] / ours['wall_s']:.1f}x "
+                         "(raylf wall excludes ray.init, Ray already running)", **ours))
+    return rows
+
+
+# --------------------------------------------------------------------------- output
+
+
+def markdown(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
+    def fmt(v):
+        if v is None or (isinstance(v, float) and np.isnan(v)):
+            return ""
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    lines = ["machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()), ""]
+    for section, cols in (
+        ("overhead", ["workload", "variant", "workers", "repeats", "round_s", "round_s_mean",
+                      "ratio_to_floor", "balance_bound", "coord_round_s", "wall_s",
+                      "acc_mean", "max_acc_diff_vs_floor"]),
+        ("phases", ["workload", "variant", "round_s", "dispatch_s", "fit_s", "client_loop_s",
+                    "aggregate_s", "evaluate_s", "other_s"]),
+        ("scaling", ["workload", "clients", "participants", "round_s", "peak_rss_gib",
+                     "peak_rss_all_gib", "peak_pss_gib", "wall_s", "note"]),
+        ("flower", ["workload", "variant", "round_s", "round_s_mean", "ratio_to_floor", "wall_s",
+                    "acc_mean", "max_acc_diff_vs_floor", "note"]),
+    ):
+        part = [r for r in rows if r["section"] == section]
+        if not part:
+            continue
+        lines += [f"### {section}", "", "| " + " | ".join(cols) + " |",
+                  "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in part]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write(rows: list[dict[str, Any]], machine: dict[str, Any], out_dir: Path) -> str:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({"machine": json.dumps(machine)})
+    pq.write_table(table, out_dir / "results.parquet")
+    (out_dir / "results.json").write_text(json.dumps({"machine": machine, "rows": rows},
+                                                     indent=1, default=float))
+    md = markdown(rows, machine)
+    (out_dir / "results.md").write_text(md + "\n")
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, one repeat, no Flower (the smoke test)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--sections", default="overhead,scaling,flower",
+                        help="comma list of overhead, scaling, flower")
+    args = parser.parse_args(argv)
+    sections = set(args.sections.split(","))
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)  # the floor and the in-process backend: one core's arithmetic
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    machine = describe_machine()
+    rows: list[dict[str, Any]] = []
+    start_ray()
+    try:
+        if "overhead" in sections:
+            rows += overhead_section(args.quick, log)
+        if "scaling" in sections:
+            rows += scaling_section(args.quick, log)
+        if "flower" in sections and not args.quick:
+            if FLOWER_PY.exists():
+                try:
+                    rows += flower_section(log, out_dir)
+                except (subprocess.SubprocessError, OSError, RuntimeError, ValueError) as err:
+                    log(f"[flower] failed: {err!r}")
+                    start_ray()
+            else:
+                log(f"[flower] skipped: no Flower venv at {FLOWER_PY} "
+                    "(benchmarks/setup_flower_venv.sh)")
+    finally:
+        stop_ray()
+    machine["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(write(rows, machine, out_dir))
+    print(f"\nresults: {out_dir}/results.{{parquet,json,md}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

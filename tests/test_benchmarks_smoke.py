@@ -1,0 +1,64 @@
+"""Smoke run of the benchmark harness: ``python benchmarks/run.py --quick`` writes its table.
+
+Runs in a subprocess (the harness starts and stops its own Ray). Quick mode never includes the
+Flower side, so this test needs no Flower venv and is never skipped. No wall-time assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_quick_run_writes_expected_table(tmp_path):
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick",
+                           "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=290)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "### overhead" in proc.stdout and "### scaling" in proc.stdout
+
+    table = pq.read_table(tmp_path / "results.parquet")
+    for column in ("section", "workload", "variant", "clients", "participants", "round_s",
+                   "ratio_to_floor", "acc_mean", "max_acc_diff_vs_floor", "peak_rss_gib",
+                   "peak_pss_gib", "fit_s", "dispatch_s", "evaluate_s"):
+        assert column in table.column_names, column
+    machine = json.loads(table.schema.metadata[b"machine"])
+    assert {"cpu", "cores", "ram_gib", "torch", "ray", "git_sha"} <= set(machine)
+
+    rows = table.to_pylist()
+    keys = {(r["section"], r["workload"], r["variant"]) for r in rows}
+    expected = {
+        ("overhead", "tiny", "floor"), ("overhead", "tiny", "local"),
+        ("overhead", "tiny", "ray-1w"), ("overhead", "tiny", "ray-2w"),
+        ("overhead", "heavy", "floor"), ("overhead", "heavy", "local"),
+        ("overhead", "heavy", "ray-2w"),
+        ("phases", "tiny", "local"),
+        ("scaling", "synthetic-100", "ray-1w"), ("scaling", "synthetic-1000", "ray-1w"),
+    }
+    assert expected <= keys, expected - keys
+    assert not any(r["section"] == "flower" for r in rows)  # quick mode leaves Flower out
+
+    for r in rows:
+        assert r["round_s"] > 0 and math.isfinite(r["round_s"]), r
+    for r in rows:
+        if r["section"] == "overhead":
+            # identical work: every backend reproduces the floor's per-client accuracies
+            assert r["max_acc_diff_vs_floor"] == 0.0, r
+            assert r["ratio_to_floor"] > 0
+    for r in rows:
+        if r["section"] == "scaling":
+            assert 0 < r["peak_pss_gib"] <= r["peak_rss_all_gib"]
+            assert r["participants"] == 10
+    assert (tmp_path / "results.json").exists() and (tmp_path / "results.md").exists()
