@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,9 +11,13 @@ import torch
 
 from raylf.config import SpecError, load_spec
 from raylf.data import build_federation
+from raylf.data.sources import SOURCES, load_source
 from raylf.experiment import run_experiment
 from raylf.methods.base import Uploads
 from raylf.methods.fmtsvm import (
+    FMTSVM,
+    FedPureCNN,
+    FedPureSVM,
     FMTSVMParams,
     auc,
     binary_hinge,
@@ -28,6 +33,11 @@ EXAMPLE = "tune/examples/digits_multitask_fmtsvm.yaml"
 
 def example(*overrides: str):
     return load_spec(EXAMPLE, list(overrides))
+
+
+def native(*overrides: str):
+    """The example on native 8×8 digits: the same code paths, ~10× less compute per run."""
+    return example("dataset.size=8", *overrides)
 
 
 def test_binary_hinge_by_hand():
@@ -74,7 +84,7 @@ def test_auc_is_macro_one_vs_rest_and_null_on_one_class_splits():
 
 
 def test_upload_is_the_heads_only_through_a_real_local_round():
-    spec = example("federation.rounds=1")
+    spec = native("federation.rounds=1")
     rounds = run_experiment(spec, backend="local").tables["rounds"]
     d, c = 128, 3
     assert rounds[0]["bytes_up"] / rounds[0]["participants"] == (d + 1 + d * c + c) * 4 == 2064
@@ -88,8 +98,57 @@ def test_model_head_width_per_method(method, width, encoder_params):
     spec = example(f"method.name={method}")
     model = Blueprint(spec, build_federation(spec)).build_model()
     assert model.head.out_features == width
-    assert model.head.in_features == (128 if encoder_params else 64)  # 8×8 raw pixels
+    pixels = spec.dataset.params.size ** 2
+    assert model.head.in_features == (128 if encoder_params else pixels)  # raw pixels
     assert any(True for _ in model.encoder.parameters()) == encoder_params
+
+
+@pytest.mark.parametrize("name", ["digits", "digits_multitask"])
+def test_digits_size_resizes_once_and_keeps_the_unit_range(name):
+    params = SOURCES.get(name).Params
+    native = load_source(name, params())
+    big = load_source(name, params(size=28))
+    assert native.x.shape[1:] == (1, 8, 8) and big.x.shape == (len(native.x), 1, 28, 28)
+    assert big.x.dtype == np.float32 and big.x.flags["C_CONTIGUOUS"]
+    assert big.x.min() >= 0.0 and big.x.max() <= 1.0
+    assert big.x.max() > 0.9  # bright strokes survive bilinear upsampling
+    # the same pictures: same mean ink, and pooled back to 8×8 they match the originals
+    assert big.x.mean() == pytest.approx(native.x.mean(), rel=1e-3)
+    pooled = torch.nn.functional.adaptive_avg_pool2d(torch.from_numpy(big.x), 8).numpy()
+    assert np.corrcoef(pooled.ravel(), native.x.ravel())[0, 1] > 0.95
+    assert np.array_equal(native.y, big.y) and native.tasks.keys() == big.tasks.keys()
+
+
+def test_upload_ratio_against_fed_pure_cnn_at_native_and_mnist_size():
+    def cnn_bytes(size: int) -> int:
+        spec = example("method.name=fed_pure_cnn", f"dataset.size={size}")
+        model = Blueprint(spec, build_federation(spec)).build_model()
+        return 4 * sum(p.numel() for p in model.parameters())
+
+    assert cnn_bytes(8) / 2064 < 100  # 8×8: the encoder flattens to only 32×2×2 = 128
+    assert cnn_bytes(28) / 2064 > 100  # 28×28: flatten 32×7×7 = 1568, ~400× the heads
+
+
+def loss_of(cls, outputs, targets, **params):
+    """``cls.loss`` with just the two attributes it reads (params, kind): no federation."""
+    return cls.loss(SimpleNamespace(params=cls.Params(**params), kind=cls.kind), outputs, targets)
+
+
+def test_reduction_defaults_to_the_papers_sum_for_all_three_methods():
+    y = torch.tensor([0, 1, 2, 0, 1, 2])
+    targets = {"binary": (y > 0).long(), "multiclass": y}
+    for cls, width in ((FMTSVM, 4), (FedPureSVM, 4), (FedPureCNN, 5)):
+        assert cls.Params().reduction == "sum"
+        outputs = torch.randn(6, width)
+        summed = loss_of(cls, outputs, targets)
+        assert summed.item() == pytest.approx(6 * loss_of(cls, outputs, targets,
+                                                          reduction="mean").item(), rel=1e-6)
+    # C weighs the SVM hinges; with mean, each hinge is its per-sample mean
+    outputs = torch.randn(6, 4)
+    expected = 0.5 * (binary_hinge(outputs[:, 0], targets["binary"])
+                      + multiclass_hinge(outputs[:, 1:], y))
+    got = loss_of(FedPureSVM, outputs, targets, C=0.5, reduction="mean")
+    assert got.item() == pytest.approx(expected.item())
 
 
 def test_fmtsvm_on_a_single_task_dataset_fails_clearly():
@@ -123,7 +182,10 @@ def test_composed_epsilon_grows_with_rounds():
 
 
 def test_dp_run_reports_per_round_and_composed_epsilon():
-    spec = example("federation.rounds=2", "method.params.dp.epsilon=1.0")
+    # mean: with summed hinges the noisy global heads (noise norm ≈ 4.8·√516 ≈ 110) blow the
+    # encoders up in round 2 at lr 0.01 and the divergence guard stops the run (issue report)
+    spec = native("federation.rounds=2", "method.params.dp.epsilon=1.0",
+                  "method.params.reduction=mean")
     rounds = run_experiment(spec, backend="local").tables["rounds"]
     assert [r["dp_epsilon_round"] for r in rounds] == [1.0, 1.0]
     assert rounds[0]["dp_epsilon_composed"] < rounds[1]["dp_epsilon_composed"]
@@ -147,7 +209,7 @@ def test_server_averages_heads_by_samples_and_reports_sigma_eigenvalues():
 
 
 def test_encoder_sync_uploads_and_broadcasts_the_encoder_on_schedule():
-    spec = example("federation.rounds=2", "method.params.encoder_sync_every=2")
+    spec = native("federation.rounds=2", "method.params.encoder_sync_every=2")
     rounds = run_experiment(spec, backend="local").tables["rounds"]
     assert rounds[0]["bytes_up"] == 5 * 2064
     assert rounds[1]["bytes_up"] > 5 * 2064  # round 2 uploads encoders too
@@ -155,19 +217,20 @@ def test_encoder_sync_uploads_and_broadcasts_the_encoder_on_schedule():
 
 @pytest.mark.slow
 def test_example_spec_learns_both_tasks_end_to_end():
-    # E = 5 (a point of the paper's E grid): at E = 1 ten rounds of lr 0.01 leave the private
-    # encoders on 8×8 digits barely trained (see the issue report).
-    result = run_experiment(example("federation.local_epochs=5"), backend="local")
+    # E = 1, R = 10, hinges summed over the minibatch (Algorithm 1), on native 8×8 digits
+    # (seed 0 measured 0.76 / 0.72 accuracy, AUC 0.81 / 0.94). At the example's 28×28 the same
+    # setup stays near chance for some seeds: see the issue report, not a property to pin here.
+    result = run_experiment(native(), backend="local")
     assert result.status == "ok", result.error
     final = result.tables["rounds"][-1]
     for task in ("binary", "multiclass"):
-        assert final[f"acc_mean_{task}"] > 0.5
-        assert final[f"auc_mean_{task}"] > 0.6
+        assert final[f"acc_mean_{task}"] > 0.6
+        assert final[f"auc_mean_{task}"] > 0.7
 
 
 def test_baselines_run_on_the_same_spec():
     for method in ("fed_pure_cnn", "fed_pure_svm"):
-        spec = example(f"method.name={method}", "federation.rounds=1")
+        spec = native(f"method.name={method}", "federation.rounds=1")
         result = run_experiment(spec, backend="local")
         assert result.status == "ok", result.error
         rows = result.tables["clients"]

@@ -11,6 +11,20 @@ biases are exactly the ``head`` part of the flat vector — FMT-SVM's whole uplo
   the task covariance Σ from their spread.
 - FedPureCNN: the same CNN with softmax heads, whole model FedAvg-ed.
 - FedPureSVM: the SVM heads on flattened pixels (no encoder), FedAvg of the heads.
+
+Decision — loss reduction over a minibatch (``reduction``, default ``sum``): the paper's
+Algorithm 1 line 10 is explicit, L_task = Σ_j (L_j⁽¹⁾ + L_j⁽²⁾), a *sum* over the minibatch,
+while the regularizers (lines 11–12) are added once per step. methods.md writes the hinges as
+means; the paper is the authority here, so ``sum`` is the default and ``mean`` stays an option.
+The choice matters: with a mean the per-sample hinges weigh 1/batch_size as much against
+λ·tr(·) and μ·‖·‖², and at the same lr each step moves the weights batch_size times less (ten
+rounds of E = 1 leave every method undertrained). For a fair comparison all three methods take
+the same ``reduction``: FedPureSVM sums (or averages) the very same hinges, FedPureCNN its two
+cross-entropies; with the optimizer identical across methods (methods.md conventions).
+With ``sum`` the training loss the trainer records (and compares with
+``federation.divergence_loss``) is the minibatch sum, batch_size times the per-sample value;
+evaluation losses stay per-sample means. Steps are batch_size times larger at the same lr, so
+runs that are noisy anyway (DP on the heads) can blow up where ``mean`` would not.
 """
 
 from __future__ import annotations
@@ -24,7 +38,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field, model_validator
-from sklearn.metrics import roc_auc_score
 from torch import nn
 
 from raylf.config import SpecError
@@ -106,6 +119,8 @@ def auc(y: np.ndarray, scores: np.ndarray) -> float | None:
 
     A test split holding one class has no AUC (None), rather than an error or a fake 0.5.
     """
+    from sklearn.metrics import roc_auc_score  # here: keeps scipy out of every worker's import
+
     present = np.unique(y)
     if len(present) < 2:
         return None
@@ -140,16 +155,21 @@ def require_tasks(method: str, federation) -> None:
 
 
 # ---- methods -----------------------------------------------------------------------------------
-class SVMParams(MethodParams):
+class MultiTaskParams(MethodParams):
+    reduction: Literal["sum", "mean"] = Field(
+        "sum", description="task losses over a minibatch: sum (the paper's Algorithm 1 line 10, "
+                           "L_task = Σ_j) or mean (batch_size times smaller steps at the same "
+                           "lr, and regularizers batch_size times stronger relative to the data)")
+
+
+class SVMParams(MultiTaskParams):
     C: float = Field(1.0, gt=0, description="margin penalty: weight of the two hinge losses")
-    reduction: Literal["mean", "sum"] = Field(
-        "mean", description="hinge over a minibatch: mean (methods.md) or sum (the paper's "
-                            "Algorithm 1, a batch-size times larger step at the same lr)")
 
 
 class MultiTask(Method):
     """Shared by the three: the model hook, the two-task objective and per-task evaluation."""
 
+    Params = MultiTaskParams
     kind: HeadKind = SOFTMAX
 
     @classmethod
@@ -159,10 +179,11 @@ class MultiTask(Method):
         return spec_model(cls.kind.width(federation.num_classes))
 
     def loss(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Both tasks' losses (means per sample), × batch size for ``reduction: sum``, × C."""
         total = sum(self.kind.losses(outputs, targets).values())
-        if not isinstance(self.params, SVMParams):
-            return total
-        return self.params.C * total * (len(outputs) if self.params.reduction == "sum" else 1)
+        if self.params.reduction == "sum":
+            total = total * len(outputs)
+        return self.params.C * total if isinstance(self.params, SVMParams) else total
 
     def fit(self, trainer, data, seed: int, penalty=None):
         targets = {t: data.tasks_train[t] for t in TASKS}
@@ -180,6 +201,7 @@ class FedPureCNN(MultiTask, FedAvg):
     """FedAvg of the whole CNN with softmax heads for both tasks (cross-entropy on each)."""
 
     name = "fed_pure_cnn"
+    Params = MultiTaskParams
     shared_deployable = False  # rows per task, not the single-task shared evaluation
 
     def local_update(self, trainer, payload, personal, data, seed, extra):
