@@ -41,11 +41,16 @@ def _wait_for(url: str, seconds: float) -> None:
 @pytest.mark.slow
 def test_quickstart_as_a_ray_job_on_a_local_head(tmp_path):
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-    gcs, dashboard = _free_port(), _free_port()
+    # Every port explicit and free: another Ray on this machine (the session fixture's) already
+    # holds the defaults, and a head whose job agent cannot bind never accepts jobs.
+    ports = {flag: _free_port() for flag in (
+        "port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+        "runtime-env-agent-port", "metrics-export-port")}
+    dashboard = ports["dashboard-port"]
     head = subprocess.Popen(
-        [RAY, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2", "--num-gpus=1",
-         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-         f"--dashboard-port={dashboard}", "--include-dashboard=true"],
+        [RAY, "start", "--head", "--block", "--num-cpus=2", "--num-gpus=1",
+         "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+         *(f"--{flag}={port}" for flag, port in ports.items())],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     try:
