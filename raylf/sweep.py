@@ -231,12 +231,12 @@ def run_sweep(sweep: SweepSpec, trials: list[Trial], storage: str, require_resum
     from ray import tune
 
     specs = {t.trial_id: t.spec.to_dict() for t in trials}
+    trials_by_id = {t.trial_id: t for t in trials}
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, specs=specs, storage=storage, sweep=sweep.name,
                              checkpoint_every=sweep.checkpoint_every),
         lambda config: tune.PlacementGroupFactory(
             trial_bundles(trials_by_id[config["trial_id"]].spec), strategy="PACK"))
-    trials_by_id = {t.trial_id: t for t in trials}
     path = f"{storage.rstrip('/')}/{sweep.name}"
     _check_same_sweep(path, sorted(specs))
     if tune.Tuner.can_restore(path):
