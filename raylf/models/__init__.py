@@ -115,9 +115,7 @@ class MobileNetV2:
         from torchvision.models import mobilenet_v2
 
         net = mobilenet_v2(weights=None, num_classes=num_classes, width_mult=params.width_mult)
-        stem = net.features[0][0]
-        net.features[0][0] = nn.Conv2d(input_shape[0], stem.out_channels, 3, stride=1,
-                                       padding=1, bias=False)
+        net.features[0][0] = _small_input_stem(net.features[0][0], input_shape[0])
         head = net.classifier[-1]
         net.classifier[-1] = nn.Identity()
         return SplitModel(net, head)
