@@ -1,6 +1,6 @@
 """GPU check: the compute-heavy workload with 4 workers at 0.25 GPU each.
 
-    python benchmarks/gpu_check.py --out DIR [--rounds 10] [--quick]
+    python benchmarks/gpu_check.py --out DIR [--rounds 10] [--model cnn|resnet18] [--quick]
 
 Writes ``DIR/gpu_check.json``: machine, per-round wall times (driver side) and their median after
 the first round, the floor on the same device (single process), GPU utilization and memory
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for gpu_check.json")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--model", choices=("cnn", "resnet18"), default="cnn",
+                        help="the heavy workload's CNN, or torchvision's resnet18 on it")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU testing)")
     args = parser.parse_args(argv)
     import ray
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     gpus = torch.cuda.device_count()
     cores = os.cpu_count() or 2
     fields = {"federation__rounds": args.rounds, "eval_every": max(1, args.rounds // 2)}
+    if args.model != "cnn":
+        fields["model"] = {"name": args.model}
     if args.quick:
         fields.update(dataset__n_samples=800, federation__rounds=3, eval_every=3)
     cpus = min(2.0, (cores - 0.25) / args.workers)
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         with GpuSampler() as sampler:
             t0 = time.perf_counter()
             res = run_experiment(spec, backend="ray", reraise=True,
-                                 on_round=lambda o, r, p: (stamps.append(time.perf_counter()),
+                                 on_round=lambda o, r, p, s: (stamps.append(time.perf_counter()),
                                                            coord.append(o.record["round_s"])))
             wall = time.perf_counter() - t0
     finally:

@@ -122,7 +122,7 @@ def measure_raylf(base: dict, backend: str, workers: int, *, sampler: bool = Fal
     stamps: list[float] = []
     coord: list[float] = []
 
-    def hook(outcome, runtime, progress):
+    def hook(outcome, runtime, progress, snapshot):
         stamps.append(time.perf_counter())
         coord.append(outcome.record["round_s"])
 
@@ -200,12 +200,12 @@ def phase_probe(base: dict, backend: str, workers: int, **overrides) -> dict[str
     bp = Blueprint(spec, build_federation(spec))
     actors = []
     if backend == "local":
-        pool = LocalPool([W.TimedShard(bp, ids) for ids in bp.shards()])
+        pool = LocalPool([W.TimedShard(bp, ids) for ids in bp.hosted()])
     else:
-        cls = ray.remote(W.TimedShard)
+        cls = ray.remote(W.TimedRayShard)
         threads = spec.resources.threads_per_worker()
         actors = [cls.options(num_cpus=spec.resources.cpus_per_worker).remote(bp, ids, threads)
-                  for ids in bp.shards()]
+                  for ids in bp.hosted()]
         pool = RayPool(actors, 600.0)
     try:
         clock = W.PhaseClock(Coordinator(bp, pool))

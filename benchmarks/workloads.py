@@ -26,6 +26,8 @@ from raylf.data import sources
 from raylf.data.federation import Federation, build_federation
 from raylf.data.sources import SourceData
 from raylf.runtime.blueprint import Blueprint
+from raylf.runtime.coordinator import balance
+from raylf.runtime.ray_backend import RayShard
 from raylf.runtime.shard import ClientShard
 from raylf.seeding import derive, stream
 
@@ -175,18 +177,24 @@ def export_npz(spec: ExperimentSpec, path, cpus_per_client: float = 1.0) -> None
 
 
 def balance_bound(spec: ExperimentSpec, fed: Federation | None = None) -> float:
-    """Best possible per-round ratio to one worker when clients stay on their shard.
+    """Best possible per-round ratio to one worker with the runtime's split of participants.
 
     Median over rounds after the first of (training samples on the busiest worker) / (all
-    training samples of the round's participants): with random participation the workers
-    rarely get equal work, and a round lasts as long as its busiest worker.
+    training samples of the round's participants): a round lasts as long as its busiest
+    worker. With sharded data the split follows the clients' homes, which random
+    participation rarely makes even; with replicated data it is the coordinator's balanced
+    split.
     """
     fed = fed or build_federation(spec)
-    shards = Blueprint(spec, fed).shards()
-    n = fed.n_train
-    ratios = [max(n[np.intersect1d(p, s)].sum() for s in shards) / n[p].sum()
-              for p in participants_of(spec)]
-    return median_after_first(ratios)
+    bp = Blueprint(spec, fed)
+    shards, n = bp.shards(), fed.n_train
+
+    def busiest(p: np.ndarray) -> int:
+        if bp.replicated:
+            return max(n[ids].sum() for ids in balance(p, n[p], len(shards)).values())
+        return max(n[np.intersect1d(p, s)].sum() for s in shards)
+
+    return median_after_first([busiest(p) / n[p].sum() for p in participants_of(spec)])
 
 
 # --------------------------------------------------------------------------- the floor
@@ -197,8 +205,8 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
     """The identical experiment as a plain single-process PyTorch loop (no raylf runtime).
 
     Same partition, participants, initial weights, per-client shuffle seeds, SGD, n_k-weighted
-    average and evaluation schedule as raylf's fedavg; returns per-round wall times and the
-    final per-client accuracies.
+    average (a running Σ n_k·w_k, divided once) and evaluation schedule as raylf's fedavg;
+    returns per-round wall times and the final per-client accuracies.
     """
     fed = fed or build_federation(spec)
     source = sources.load_source(spec.dataset.name, spec.dataset.params)
@@ -221,8 +229,8 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
     for rnd in range(1, fcfg.rounds + 1):
         t0 = time.perf_counter()
         ids = parts[rnd - 1]
-        uploads = torch.empty(len(ids), global_vec.numel(), device=dev)
-        for j, cid in enumerate(ids):
+        total = None
+        for cid in ids:
             load_(params, global_vec)
             opt = torch.optim.SGD(params, lr=opt_cfg.lr, momentum=opt_cfg.momentum,
                                   weight_decay=opt_cfg.weight_decay)
@@ -239,9 +247,9 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
-            uploads[j] = torch.nn.utils.parameters_to_vector(params).detach()
-        w = n_train[ids].to(dev)
-        global_vec = (w / w.sum()) @ uploads
+            term = float(n_train[cid]) * torch.nn.utils.parameters_to_vector(params).detach()
+            total = term if total is None else total + term
+        global_vec = total / float(n_train[ids].sum())
         if rnd % spec.eval_every == 0 or rnd == fcfg.rounds:
             load_(params, global_vec)
             model.eval()
@@ -368,6 +376,10 @@ class TimedShard(ClientShard):
         if rows:
             rows[0] = {**rows[0], "_eval_s": time.perf_counter() - t0}
         return rows
+
+
+class TimedRayShard(TimedShard, RayShard):
+    """TimedShard with the Ray backend's wire format (what a Ray worker really runs)."""
 
 
 class PhaseClock:

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
@@ -90,6 +90,12 @@ class ResourceSpec(Strict):
     gpus_per_worker: float = Field(0.0, ge=0)
     coordinator_cpus: float = Field(0.25, gt=0)
     round_timeout_s: float = Field(1800.0, gt=0, description="longest wait for one round")
+    client_data: Literal["auto", "sharded", "replicated"] = Field(
+        "auto", description="sharded: each worker holds its own block of clients' data and trains "
+                            "those; replicated: every worker holds all of it and a round's "
+                            "participants are split to balance the work (methods without "
+                            "per-client state only); auto: replicated when that is allowed and "
+                            "the training data is at most 256 MiB")
 
     @field_validator("gpus_per_worker")
     @classmethod

@@ -43,19 +43,23 @@ def default_trial_id(spec: ExperimentSpec) -> str:
     return f"{spec.name}-{spec.method.name}-s{spec.seed}-{spec.digest()}"
 
 
-RoundHook = Callable[[RoundOutcome, Any, Progress], None]
+RoundHook = Callable[[RoundOutcome, Any, Progress, Any], None]
 
 
 def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | None = None,
                    trial_id: str | None = None, sweep: str = "", placement=None,
-                   on_round: RoundHook | None = None, progress: Progress | None = None,
-                   snapshot: Any = None, reraise: bool = False,
-                   extra: dict[str, Any] | None = None) -> ExperimentResult:
+                   on_round: RoundHook | None = None, checkpoint_every: int | None = None,
+                   progress: Progress | None = None, snapshot: Any = None,
+                   reraise: bool = False, extra: dict[str, Any] | None = None) -> ExperimentResult:
     """Run ``spec`` round by round; write the tables under ``out`` whatever the outcome.
 
-    ``on_round(outcome, runtime, progress)`` runs after every round (progress printing, Tune
-    reports and checkpoints). ``progress`` + ``snapshot`` resume a checkpointed experiment.
-    ``extra`` adds columns to the trials row (e.g. a sweep's attempt count).
+    ``on_round(outcome, runtime, progress, snapshot)`` runs after every round (progress
+    printing, Tune reports); with ``checkpoint_every``, ``snapshot`` is the runtime's checkpoint
+    after every ``checkpoint_every``-th round and the last one (not after a diverged round: the
+    trial ends there), else None. The next round is started before
+    the hook runs (the runtime may overlap it with the hook and the message latency), except
+    after a round that is snapshotted. ``progress`` + ``snapshot`` resume a checkpointed
+    experiment. ``extra`` adds columns to the trials row (e.g. a sweep's attempt count).
     Divergence (non-finite loss or parameters) ends it as ``diverged``; an exception as
     ``failed`` with the traceback, re-raised after the tables are written if ``reraise``.
     """
@@ -68,12 +72,15 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     try:
         label = f"{trial_id}/{uuid.uuid4().hex[:6]}"  # unique actor names, retries included
         blueprint = Blueprint(spec, build_federation(spec))
-        blueprint.method()  # incompatible method and data fail here, before any actor starts
+        blueprint.method()  # incompatible method, data or client_data fail here, before any
+        blueprint.hosted()  # actor starts
         runtime = open_runtime(backend, blueprint, placement, label)
         if snapshot is not None:
             runtime.restore(snapshot)
-        for rnd in range(progress.next_round, spec.federation.rounds + 1):
-            outcome = runtime.run_round(rnd)
+        last = spec.federation.rounds
+        for rnd in range(progress.next_round, last + 1):
+            due = checkpoint_every is not None and (rnd == last or rnd % checkpoint_every == 0)
+            outcome = runtime.run_round(rnd, then=None if due or rnd == last else rnd + 1)
             progress.rounds.append(outcome.record)
             progress.clients.extend(outcome.clients)
             progress.next_round = rnd + 1
@@ -85,7 +92,8 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
                          "aggregate was not finite; lower federation.optimizer.lr or set "
                          "federation.optimizer.grad_clip")
             if on_round is not None:
-                on_round(outcome, runtime, progress)
+                taken = runtime.checkpoint() if due and not outcome.diverged else None
+                on_round(outcome, runtime, progress, taken)
             if outcome.diverged:
                 break
     except SpecError:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         connect(args.address, args.num_gpus, spec.resources.gpus_per_worker)
     rounds = spec.federation.rounds
 
-    def report(outcome, runtime, progress):
+    def report(outcome, runtime, progress, snapshot):
         print(progress_line(outcome.record, rounds), flush=True)
 
     try:

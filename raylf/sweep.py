@@ -114,23 +114,22 @@ def run_trial(config: dict[str, Any], *, specs: dict[str, dict], storage: str, s
             progress = Progress(**json.loads((Path(folder) / "progress.json").read_text()))
             snapshot = torch.load(Path(folder) / "state.pt", weights_only=True)
 
-    def on_round(outcome, runtime, prog):
-        rnd = outcome.record["round"]
+    def on_round(outcome, runtime, prog, snapshot):
         metrics = {"trial_id": trial_id, **_scalars(outcome.record)}
-        last = rnd == spec.federation.rounds or outcome.diverged
-        if rnd % checkpoint_every and not last:
+        if snapshot is None:
             tune.report(metrics)
             return
         with tempfile.TemporaryDirectory() as folder:
             state = {"next_round": prog.next_round, "rounds": prog.rounds,
                      "clients": prog.clients, "wall_s": prog.wall_s}
             (Path(folder) / "progress.json").write_text(json.dumps(state))
-            torch.save(runtime.checkpoint(), Path(folder) / "state.pt")
+            torch.save(snapshot, Path(folder) / "state.pt")
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
     placement = (ray.util.get_current_placement_group(), 1)
     run_experiment(spec, backend="ray", out=root, trial_id=trial_id, sweep=sweep,
-                   placement=placement, on_round=on_round, progress=progress, snapshot=snapshot,
+                   placement=placement, on_round=on_round, checkpoint_every=checkpoint_every,
+                   progress=progress, snapshot=snapshot,
                    reraise=True, extra={"attempts": attempts})
 
 

@@ -140,12 +140,14 @@ class LocalTrainer:
             trainable: tuple[str, ...] = PARTS, epochs: int | None = None,
             prox: tuple[torch.Tensor, float] | None = None,
             loss_fn: LossFn = F.cross_entropy,
-            penalty: Callable[[], torch.Tensor] | None = None) -> FitResult:
+            penalty: Callable[[], torch.Tensor] | None = None,
+            after_step: Callable[[], None] | None = None) -> FitResult:
         """Minibatch SGD on (x, y) for ``epochs`` (default: the federation's local epochs).
 
         ``prox=(anchor, mu)`` adds mu·(w − anchor) to every trained parameter's gradient (the
         FedProx / Ditto proximal term, anchor given as a full flat vector). ``penalty`` is any
-        extra differentiable term added to the loss each step.
+        extra differentiable term added to the loss each step; ``after_step`` runs (without
+        autograd) after every optimizer step, e.g. a proximal map for a term kept out of the loss.
         """
         epochs = self.local_epochs if epochs is None else epochs
         opt = self._optimizer(trainable)
@@ -179,6 +181,9 @@ class LocalTrainer:
                 if self.opt_cfg.grad_clip is not None:
                     nn.utils.clip_grad_norm_(params, self.opt_cfg.grad_clip)
                 opt.step()
+                if after_step is not None:
+                    with torch.no_grad():
+                        after_step()
                 total += loss.detach()
                 steps += 1
         mean = float(total) / max(steps, 1)

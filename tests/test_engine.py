@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from raylf import results
-from raylf.config import validate
+from raylf.config import SpecError, validate
 from raylf.data import build_federation
 from raylf.experiment import run_experiment
 from raylf.methods.base import Uploads
@@ -17,6 +17,8 @@ from raylf.metrics import accuracy_summary
 from raylf.models import build_model
 from raylf.run import main as run_main
 from raylf.runtime import Blueprint
+from raylf.runtime.coordinator import balance
+from raylf.runtime.local import LocalRuntime
 from raylf.runtime.shard import ClientShard
 from raylf.training import tensor_bytes
 from tests.conftest import small_spec_dict
@@ -170,6 +172,62 @@ def test_stateless_methods_hold_no_model_copy_per_client():
     heads = ClientShard(bp, np.arange(500)).personal
     assert len(heads) == 500 and all(h.numel() == bp.layout.part_size("head")
                                      for h in heads.values())
+
+
+def test_workers_return_one_weighted_sum_per_averaged_key_not_one_upload_per_client():
+    bp = _blueprint("fedavg")
+    init = bp.initial_vector()
+    ids = np.array([0, 2, 3])
+    result = ClientShard(bp, np.arange(4)).train(1, {"model": init}, ids, {})
+    assert result["uploads"] == {} and result["sums"]["model"].shape == init.shape
+    assert list(result["bytes_up"]) == [tensor_bytes(init)] * 3  # still counted per client
+    reference = ClientShard(bp, np.arange(4))  # the same local updates, one client at a time
+    n = bp.federation.n_train
+    per_client = [reference.train(1, {"model": init}, ids[k:k + 1], {})["sums"]["model"] / n[c]
+                  for k, c in enumerate(ids)]
+    expected = sum(float(n[c]) * v for c, v in zip(ids, per_client))
+    assert torch.allclose(result["sums"]["model"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_balance_gives_every_participant_once_and_evens_the_load():
+    ids = np.array([3, 5, 8, 11, 12, 17])
+    sizes = np.array([90, 10, 40, 40, 30, 50])
+    work = balance(ids, sizes, 2)
+    assert sorted(np.concatenate(list(work.values()))) == sorted(ids)
+    assert all(list(part) == sorted(part) for part in work.values())
+    loads = [sizes[np.isin(ids, part)].sum() for part in work.values()]
+    assert max(loads) - min(loads) <= 10  # 130 / 130 here
+    assert {k: list(v) for k, v in balance(ids, sizes, 2).items()} == \
+           {k: list(v) for k, v in work.items()}
+
+
+def test_replicated_data_balances_work_and_matches_sharded_aggregates():
+    def runtime(client_data):
+        spec = validate(small_spec_dict(method__name="fedavg", federation__participation=1.0,
+                                        resources__client_data=client_data))
+        return LocalRuntime(Blueprint(spec, build_federation(spec)))
+
+    sharded, replicated = runtime("sharded"), runtime("replicated")
+    assert replicated.coordinator.balanced and not sharded.coordinator.balanced
+    assert all(len(s.data.client_ids) == 8 for s in replicated.coordinator.pool.shards)
+    rows = []
+    for rt in (sharded, replicated):
+        for rnd in (1, 2):
+            outcome = rt.run_round(rnd)
+        rows.append(outcome.clients)
+    assert torch.allclose(sharded.coordinator.state["model"],
+                          replicated.coordinator.state["model"], atol=1e-6)
+    assert [r["client_id"] for r in rows[1]] == list(range(8))  # each client evaluated once
+    assert [r["n_test"] for r in rows[1]] == [r["n_test"] for r in rows[0]]
+
+
+def test_replicated_client_data_is_refused_for_methods_with_client_state():
+    spec = validate(small_spec_dict(method__name="fedavg_se",
+                                    resources__client_data="replicated"))
+    with pytest.raises(SpecError, match="resources.client_data"):
+        run_experiment(spec, backend="local")
+    auto = validate(small_spec_dict(method__name="fedavg_se"))
+    assert not Blueprint(auto, build_federation(auto)).replicated
 
 
 # ---- models -------------------------------------------------------------------------------

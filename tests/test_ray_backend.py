@@ -10,10 +10,11 @@ from raylf.experiment import run_experiment
 from raylf.runtime.ray_backend import bundles, check_fits
 
 
-def test_ray_and_local_agree_exactly(ray_cluster, small_spec):
+@pytest.mark.parametrize("method", ["fedavg_se", "fedavg"])  # sharded / replicated client data
+def test_ray_and_local_agree_exactly(ray_cluster, small_spec, method):
     """Same partition, same participation stream, same per-client accuracies (CPU, 1 thread)."""
-    spec = small_spec(federation__rounds=6, resources={"workers": 2, "cpus_per_worker": 0.5,
-                                                       "gpus_per_worker": 0.25})
+    spec = small_spec(federation__rounds=6, method__name=method,
+                      resources={"workers": 2, "cpus_per_worker": 0.5, "gpus_per_worker": 0.25})
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -40,7 +41,7 @@ def test_actors_fill_every_bundle_of_the_group_with_gpu_shares(ray_cluster, smal
 
     seen = {}
 
-    def look(outcome, runtime, progress):
+    def look(outcome, runtime, progress, snapshot):
         if not seen:
             pg = runtime.group.id.hex()
             total, free = ray.cluster_resources(), ray.available_resources()

@@ -7,6 +7,8 @@ offsets, so a client's data is a pair of slices and evaluating a shared model is
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +48,10 @@ class Federation:
     @property
     def n_test(self) -> np.ndarray:
         return np.array([len(i) for i in self.test], dtype=np.int64)
+
+    def train_bytes(self) -> int:
+        """Size of all clients' training inputs as float32 (what a worker holding them keeps)."""
+        return int(self.n_train.sum()) * math.prod(self.input_shape) * 4
 
     def shard(self, client_ids: np.ndarray, device: torch.device,
               source: SourceData | None = None) -> ShardData:
@@ -151,6 +157,13 @@ class ShardData:
         test = gather([fed.test[c] for c in client_ids])
         position = {int(c): p for p, c in enumerate(client_ids)}
         return cls(client_ids, fed.groups[client_ids], train, test, position)
+
+    def test_rows(self, client_ids: np.ndarray) -> slice:
+        """The test rows of a contiguous run of hosted clients (a worker's home block)."""
+        first, last = self.position[int(client_ids[0])], self.position[int(client_ids[-1])]
+        if last - first + 1 != len(client_ids):
+            raise ValueError("test_rows needs clients stored next to each other")
+        return slice(int(self.test.offsets[first]), int(self.test.offsets[last + 1]))
 
     def client(self, cid: int) -> ClientData:
         p = self.position[cid]

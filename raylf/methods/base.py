@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from raylf.data.federation import ClientData
-from raylf.training import FitResult, LocalTrainer, ParamLayout
+from raylf.training import FitResult, LocalTrainer, ParamLayout, weighted_mean
 
 Tensors = dict[str, torch.Tensor]
 
@@ -44,11 +44,20 @@ class MethodContext:
 
 @dataclass
 class Uploads:
-    """The uploads of one round, stacked per key in ascending client order."""
+    """The uploads of one round: per-client tensors stacked per key in ascending client order,
+    and the n_k-weighted means of the keys the method declares ``averaged`` (reduced on the
+    workers, so those never exist per client on the server)."""
 
     client_ids: np.ndarray
     n_train: torch.Tensor
     tensors: Tensors = field(default_factory=dict)
+    means: Tensors = field(default_factory=dict)
+
+    def mean(self, key: str) -> torch.Tensor:
+        """Σ_k n_k v_k / Σ_k n_k over this round's uploads of ``key``."""
+        if key in self.means:
+            return self.means[key]
+        return weighted_mean(self.tensors[key], self.n_train)
 
 
 @dataclass
@@ -66,6 +75,10 @@ class Method:
     """True when clients keep resident state (a private head, a personal model) across rounds."""
     shared_deployable: ClassVar[bool] = False
     """True when every client is evaluated with the same broadcast model (one pass per shard)."""
+    averaged: ClassVar[frozenset[str]] = frozenset()
+    """Upload keys the server reads only through ``Uploads.mean``. A worker sums n_k·v_k over its
+    clients and returns one vector per key instead of one per client: the round's return message
+    and the server's memory stop growing with participants. Bytes up are still counted per client."""
 
     def __init__(self, params: MethodParams, ctx: MethodContext):
         self.params = params

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pydantic import Field
 
 from raylf.methods.base import ClientUpdate, Method, MethodParams
-from raylf.training import weighted_mean
 
 
 class FedAvg(Method):
     name = "fedavg"
     shared_deployable = True
+    averaged = frozenset({"model"})
 
     def server_init(self, init):
         return {"model": init.clone()}
@@ -19,7 +19,7 @@ class FedAvg(Method):
         return {"model": state["model"]}
 
     def aggregate(self, state, uploads, rnd):
-        return {"model": weighted_mean(uploads.tensors["model"], uploads.n_train)}, {}
+        return {"model": uploads.mean("model")}, {}
 
     def local_update(self, trainer, payload, personal, data, seed, extra):
         trainer.load(payload["model"])

@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 
 from raylf.methods.base import ClientUpdate, Method
-from raylf.training import weighted_mean
 
 
 class FedAvgSE(Method):
     name = "fedavg_se"
     personal_state = True
+    averaged = frozenset({"encoder"})
 
     def server_init(self, init):
         return {"encoder": init[self.ctx.layout.part("encoder")].clone()}
@@ -19,7 +19,7 @@ class FedAvgSE(Method):
         return {"encoder": state["encoder"]}
 
     def aggregate(self, state, uploads, rnd):
-        return {"encoder": weighted_mean(uploads.tensors["encoder"], uploads.n_train)}, {}
+        return {"encoder": uploads.mean("encoder")}, {}
 
     def client_init(self, cid, init):
         return init[self.ctx.layout.part("head")].clone()

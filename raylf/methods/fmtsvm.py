@@ -46,7 +46,6 @@ from raylf.methods.fedavg import FedAvg
 from raylf.models import SplitModel
 from raylf.privacy import DPParams, privatize, round_report
 from raylf.seeding import derive
-from raylf.training import weighted_mean
 
 TASKS = ("binary", "multiclass")
 
@@ -111,6 +110,23 @@ def task_covariance(weights: torch.Tensor, eps: float, normalize: bool) -> torch
 def covariance_penalty(weight: torch.Tensor, sigma_inv: torch.Tensor) -> torch.Tensor:
     """tr(W̃Σ⁻¹W̃ᵀ) for W̃ = weightᵀ (the Linear's weight is (1+C) × d)."""
     return (sigma_inv * (weight @ weight.T)).sum()
+
+
+def penalty_prox(sigma_inv: torch.Tensor, anchor: torch.Tensor, lam: float, mu: float,
+                 lr: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The proximal map of η·(λ·tr(WΣ⁻¹Wᵀ) + μ·‖W − A‖²) as W ↦ shrink @ W + pull.
+
+    Setting the gradient of ½‖W − V‖² + η·penalty to zero gives
+    ((1 + 2ημ)I + 2ηλΣ⁻¹) W = V + 2ημA. Why not plain SGD on the penalty (Algorithm 1): its
+    curvature is 2λ/eig_min(Σ), and Σ is near-singular along the sum of the class columns (the
+    Weston–Watkins hinge is blind to it, so clients never disagree there), so a gradient step
+    with η·2λ/eig_min > 2 diverges; the proximal step solves the same objective at any λ.
+    """
+    width = sigma_inv.shape[0]
+    eye = torch.eye(width, dtype=sigma_inv.dtype, device=sigma_inv.device)
+    system = (1 + 2 * lr * mu) * eye + 2 * lr * lam * sigma_inv
+    shrink = torch.linalg.inv(system)
+    return shrink, shrink @ (2 * lr * mu * anchor)
 
 
 # ---- evaluation --------------------------------------------------------------------------------
@@ -185,9 +201,9 @@ class MultiTask(Method):
             total = total * len(outputs)
         return self.params.C * total if isinstance(self.params, SVMParams) else total
 
-    def fit(self, trainer, data, seed: int, penalty=None):
+    def fit(self, trainer, data, seed: int, **regularizer):
         targets = {t: data.tasks_train[t] for t in TASKS}
-        return trainer.fit(data.x_train, targets, seed=seed, loss_fn=self.loss, penalty=penalty)
+        return trainer.fit(data.x_train, targets, seed=seed, loss_fn=self.loss, **regularizer)
 
     def rows(self, trainer, vector: torch.Tensor, data) -> list[dict[str, Any]]:
         trainer.load(vector)
@@ -230,6 +246,10 @@ class FMTSVMParams(SVMParams):
     eps_cov: float = Field(1e-3, gt=0, description="ε added to Σ's diagonal")
     sigma_norm: Literal["trace", "none"] = Field(
         "trace", description="trace: rescale Σ to trace 1+C; none: the paper read literally")
+    penalty_step: Literal["proximal", "gradient"] = Field(
+        "proximal", description="proximal: SGD on the hinges, then the exact minimizer of the "
+                                "quadratic λ/μ terms around the step (stable for any λ, μ); "
+                                "gradient: the penalties' gradient in the SGD step (Algorithm 1)")
     encoder_sync_every: int | None = Field(
         None, ge=1, description="average encoders every this many rounds; null = never")
     dp: DPParams = Field(default_factory=DPParams)
@@ -249,6 +269,7 @@ class FMTSVM(MultiTask):
     Params = FMTSVMParams
     kind = SVM
     personal_state = True
+    averaged = frozenset({"encoder"})  # heads stay per client: Σ needs their spread
 
     # ---- server half ---------------------------------------------------------------------
     def server_init(self, init):
@@ -274,9 +295,9 @@ class FMTSVM(MultiTask):
         heads = uploads.tensors["heads"]
         p = self.params
         sigma = task_covariance(self.weights(heads), p.eps_cov, p.sigma_norm == "trace")
-        new = {"heads": weighted_mean(heads, uploads.n_train), "sigma": sigma, "round": rnd}
-        if "encoder" in uploads.tensors:
-            new["encoder"] = weighted_mean(uploads.tensors["encoder"], uploads.n_train)
+        new = {"heads": uploads.mean("heads"), "sigma": sigma, "round": rnd}
+        if "encoder" in uploads.means:
+            new["encoder"] = uploads.mean("encoder")
         diagnostics = {f"sigma_eig_{i}": float(v)
                        for i, v in enumerate(torch.linalg.eigvalsh(sigma))}
         if p.dp.enabled:
@@ -300,12 +321,15 @@ class FMTSVM(MultiTask):
         sigma_inv = torch.linalg.inv(payload["sigma"])
         anchor = self.weights(payload["heads"])
         p = self.params
+        w = trainer.model.head.weight
+        if p.penalty_step == "gradient":
+            def penalty() -> torch.Tensor:
+                return p.lam * covariance_penalty(w, sigma_inv) + p.mu * (w - anchor).pow(2).sum()
 
-        def penalty() -> torch.Tensor:
-            w = trainer.model.head.weight
-            return p.lam * covariance_penalty(w, sigma_inv) + p.mu * (w - anchor).pow(2).sum()
-
-        fit = self.fit(trainer, data, seed, penalty)
+            fit = self.fit(trainer, data, seed, penalty=penalty)
+        else:
+            shrink, pull = penalty_prox(sigma_inv, anchor, p.lam, p.mu, trainer.opt_cfg.lr)
+            fit = self.fit(trainer, data, seed, after_step=lambda: w.copy_(shrink @ w + pull))
         own = {"encoder": trainer.vector("encoder"), "heads": trainer.vector("head")}
         upload = {"heads": own["heads"]}
         if p.dp.enabled:

@@ -8,12 +8,14 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from raylf.config import ExperimentSpec, validate
+from raylf.config import ExperimentSpec, SpecError, validate
 from raylf.data.federation import Federation
 from raylf.methods import METHODS, Method, MethodContext, build_method
 from raylf.models import SplitModel, build_model
 from raylf.seeding import derive
 from raylf.training import LocalTrainer, ParamLayout, model_vector
+
+REPLICATE_MAX_BYTES = 256 * 2**20  # client_data auto: the most training data copied per worker
 
 
 @dataclass
@@ -66,9 +68,34 @@ class Blueprint:
                             fed.local_epochs, device)
 
     def shards(self) -> list[np.ndarray]:
-        """Client ids hosted by each worker: contiguous, nearly equal blocks."""
+        """Each worker's home clients: contiguous, nearly equal blocks. A worker evaluates its
+        home clients, and with sharded data it alone holds and trains them."""
         workers = min(self.spec.resources.workers, self.federation.num_clients)
         return np.array_split(np.arange(self.federation.num_clients), workers)
+
+    @cached_property
+    def replicated(self) -> bool:
+        """Whether every worker holds all clients' data (``resources.client_data``).
+
+        Then any worker can train any client, so each round's participants are split to
+        balance the work instead of by home; clients with resident state (a private head)
+        must stay home, so stateful methods always shard.
+        """
+        choice = self.spec.resources.client_data
+        stateful = METHODS.get(self.spec.method.name).personal_state
+        if choice == "replicated" and stateful:
+            raise SpecError([("resources.client_data", (
+                f"{self.spec.method.name} keeps per-client state on the worker that hosts the "
+                "client, so its clients cannot move between workers; use sharded or auto"))])
+        if choice != "auto":
+            return choice == "replicated"
+        return (not stateful and len(self.shards()) > 1
+                and self.federation.train_bytes() <= REPLICATE_MAX_BYTES)
+
+    def hosted(self) -> list[np.ndarray]:
+        """Client ids whose data each worker holds."""
+        everyone = np.arange(self.federation.num_clients)
+        return [everyone for _ in self.shards()] if self.replicated else self.shards()
 
 
 def _rebuild(spec: dict, federation: Federation) -> Blueprint:

@@ -26,7 +26,8 @@ class Pool(Protocol):
     def train(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
               extras: dict[int, dict]) -> list[dict[str, Any]]: ...
 
-    def evaluate(self, rnd: int, payload: dict, extras: dict[int, dict]) -> list[dict]: ...
+    def evaluate(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
+                 extras: dict[int, dict]) -> list[dict]: ...
 
     def personal_states(self) -> list[dict]: ...
 
@@ -47,28 +48,33 @@ class Coordinator:
         self.method = blueprint.method()
         self.state = self.method.server_init(blueprint.initial_vector())
         self.pool = pool
+        self.homes = blueprint.shards()
+        self.balanced = blueprint.replicated
         self.shard_of = np.empty(self.federation.num_clients, dtype=np.int64)
-        for s, ids in enumerate(blueprint.shards()):
+        for s, ids in enumerate(self.homes):
             self.shard_of[ids] = s
 
     def _split(self, client_ids: np.ndarray) -> dict[int, np.ndarray]:
+        """Which worker trains which participant: by home, or balanced when data is replicated."""
+        if self.balanced:
+            return balance(client_ids, self.federation.n_train[client_ids], len(self.homes))
         return {int(s): client_ids[self.shard_of[client_ids] == s]
                 for s in np.unique(self.shard_of[client_ids])}
 
-    def _extras_by_shard(self, client_ids: np.ndarray) -> dict[int, dict]:
-        extras = self.method.extras(self.state, client_ids)
-        by_shard: dict[int, dict] = {}
-        for cid, extra in extras.items():
-            by_shard.setdefault(int(self.shard_of[cid]), {})[int(cid)] = extra
-        return by_shard
+    def _extras_by_worker(self, work: dict[int, np.ndarray]) -> dict[int, dict]:
+        everyone = np.concatenate(list(work.values()))
+        extras = self.method.extras(self.state, np.sort(everyone))
+        return {s: {int(c): extras[int(c)] for c in ids if int(c) in extras}
+                for s, ids in work.items()}
 
     def run_round(self, rnd: int) -> RoundOutcome:
         start = time.perf_counter()
         participants = self.method.select(
             self.state, rnd, stream(self.spec.seed, "participation", rnd))
         payload = self.method.broadcast(self.state, rnd)
-        extras = self._extras_by_shard(participants)
-        results = self.pool.train(rnd, payload, self._split(participants), extras)
+        work = self._split(participants)
+        extras = self._extras_by_worker(work)
+        results = self.pool.train(rnd, payload, work, extras)
         uploads, losses, up_bytes, metrics = self._gather(results)
         down = tensor_bytes(payload) * len(participants)
         down += sum(tensor_bytes(shard) for shard in extras.values())
@@ -98,9 +104,9 @@ class Coordinator:
         return RoundOutcome(record, clients)
 
     def evaluate(self, rnd: int) -> list[dict[str, Any]]:
-        everyone = np.arange(self.federation.num_clients)
         payload = self.method.broadcast(self.state, rnd + 1)
-        rows = self.pool.evaluate(rnd, payload, self._extras_by_shard(everyone))
+        work = dict(enumerate(self.homes))
+        rows = self.pool.evaluate(rnd, payload, work, self._extras_by_worker(work))
         n_test = self.federation.n_test
         for row in rows:
             row.setdefault("n_test", int(n_test[row["client_id"]]))
@@ -114,9 +120,11 @@ class Coordinator:
         tensors = {k: torch.cat([r["uploads"][k] for r in results])[torch.as_tensor(order)]
                    for k in keys}
         n = torch.as_tensor(self.federation.n_train[ids[order]], dtype=torch.float32)
+        means = {k: sum(r["sums"][k] for r in results if k in r["sums"]) / float(n.sum())
+                 for k in {k for r in results for k in r["sums"]}}
         metrics = [m for r in results for m in r["metrics"]]
         up = sum(int(r["bytes_up"].sum()) for r in results)
-        return Uploads(ids[order], n, tensors), losses, up, metrics
+        return Uploads(ids[order], n, tensors, means), losses, up, metrics
 
     # ---- checkpointing -------------------------------------------------------------------
     def checkpoint(self) -> dict[str, Any]:
@@ -125,6 +133,17 @@ class Coordinator:
     def restore(self, snapshot: dict[str, Any]) -> None:
         self.state = snapshot["server"]
         self.pool.load_personal_states(snapshot["personal"])
+
+
+def balance(client_ids: np.ndarray, sizes: np.ndarray, workers: int) -> dict[int, np.ndarray]:
+    """Largest client first, each to the least-loaded worker (ties: the lower index)."""
+    load = np.zeros(workers)
+    parts: list[list[int]] = [[] for _ in range(workers)]
+    for i in np.argsort(-sizes, kind="stable"):
+        w = int(np.argmin(load))
+        parts[w].append(int(client_ids[i]))
+        load[w] += sizes[i]
+    return {w: np.array(sorted(p), dtype=np.int64) for w, p in enumerate(parts) if p}
 
 
 def _finite(state: Any) -> bool:

@@ -15,9 +15,9 @@ class LocalPool:
         return [self.shards[s].train(rnd, payload, ids, extras.get(s, {}))
                 for s, ids in sorted(work.items())]
 
-    def evaluate(self, rnd, payload, extras):
-        return [row for s, shard in enumerate(self.shards)
-                for row in shard.evaluate(rnd, payload, extras.get(s, {}))]
+    def evaluate(self, rnd, payload, work, extras):
+        return [row for s, ids in sorted(work.items())
+                for row in self.shards[s].evaluate(rnd, payload, ids, extras.get(s, {}))]
 
     def personal_states(self):
         return [shard.personal_states() for shard in self.shards]
@@ -33,10 +33,11 @@ class LocalRuntime:
     name = "local"
 
     def __init__(self, blueprint: Blueprint):
-        shards = [ClientShard(blueprint, ids) for ids in blueprint.shards()]
+        shards = [ClientShard(blueprint, ids) for ids in blueprint.hosted()]
         self.coordinator = Coordinator(blueprint, LocalPool(shards))
 
-    def run_round(self, rnd: int) -> RoundOutcome:
+    def run_round(self, rnd: int, then: int | None = None) -> RoundOutcome:
+        """Round ``rnd``; ``then`` (the next round, for overlapping backends) is ignored."""
         return self.coordinator.run_round(rnd)
 
     def checkpoint(self):

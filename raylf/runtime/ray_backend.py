@@ -8,7 +8,9 @@ trial function, then the coordinator, then one bundle per worker).
 
 from __future__ import annotations
 
+import numpy as np
 import ray
+import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -57,6 +59,28 @@ def check_fits(resources: ResourceSpec, workers: int) -> None:
         raise SpecError(problems)
 
 
+def as_arrays(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Tensors as NumPy arrays for the wire: Ray serializes those natively (a pickled torch
+    tensor costs about a millisecond more per message, measured here for a 19 KB model)."""
+    return {k: v.numpy() for k, v in tensors.items()}
+
+
+def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Back to tensors; arrays Ray hands out read-only (zero-copy) are copied once."""
+    return {k: torch.from_numpy(v if v.flags.writeable else v.copy()) for k, v in arrays.items()}
+
+
+class RayShard(ClientShard):
+    """A ClientShard whose tensor messages travel as NumPy arrays."""
+
+    def train(self, rnd, payload, client_ids, extras):
+        result = super().train(rnd, as_tensors(payload), client_ids, extras)
+        return result | {"uploads": as_arrays(result["uploads"]), "sums": as_arrays(result["sums"])}
+
+    def evaluate(self, rnd, payload, client_ids, extras):
+        return super().evaluate(rnd, as_tensors(payload), client_ids, extras)
+
+
 class RayPool:
     """Dispatches one task per worker per round; the broadcast is put in the object store once."""
 
@@ -69,20 +93,23 @@ class RayPool:
 
     @staticmethod
     def _broadcast(payload, tasks: int):
-        """Put the payload in the object store once when several tasks share a large one."""
+        """As arrays, put in the object store once when several tasks share a large one."""
+        arrays = as_arrays(payload)
         if tasks > 1 and tensor_bytes(payload) >= INLINE_BROADCAST_BYTES:
-            return ray.put(payload)
-        return payload
+            return ray.put(arrays)
+        return arrays
 
     def train(self, rnd, payload, work, extras):
         ref = self._broadcast(payload, len(work))
-        return self._get([self.actors[s].train.remote(rnd, ref, ids, extras.get(s, {}))
-                          for s, ids in sorted(work.items())])
+        results = self._get([self.actors[s].train.remote(rnd, ref, ids, extras.get(s, {}))
+                             for s, ids in sorted(work.items())])
+        return [r | {"uploads": as_tensors(r["uploads"]), "sums": as_tensors(r["sums"])}
+                for r in results]
 
-    def evaluate(self, rnd, payload, extras):
-        ref = self._broadcast(payload, len(self.actors))
-        parts = self._get([a.evaluate.remote(rnd, ref, extras.get(s, {}))
-                           for s, a in enumerate(self.actors)])
+    def evaluate(self, rnd, payload, work, extras):
+        ref = self._broadcast(payload, len(work))
+        parts = self._get([self.actors[s].evaluate.remote(rnd, ref, ids, extras.get(s, {}))
+                           for s, ids in sorted(work.items())])
         return [row for part in parts for row in part]
 
     def personal_states(self):
@@ -120,22 +147,29 @@ class RayRuntime:
                 self.group, placement_group_bundle_index=first + index,
                 placement_group_capture_child_tasks=True)
 
-        shard_actor = ray.remote(ClientShard)
+        shard_actor = ray.remote(RayShard)
         self.workers = [
             shard_actor.options(
                 num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker,
                 scheduling_strategy=on_bundle(1 + w), name=f"{label}/worker-{w}",
             ).remote(blueprint, ids, res.threads_per_worker())
-            for w, ids in enumerate(shards)
+            for w, ids in enumerate(blueprint.hosted())
         ]
+        self._queued: dict[int, ray.ObjectRef] = {}
         coordinator_actor = ray.remote(Coordinator)
         self.coordinator = coordinator_actor.options(
             num_cpus=res.coordinator_cpus, scheduling_strategy=on_bundle(0),
             name=f"{label}/coordinator",
         ).remote(blueprint, RayPool(self.workers, self.timeout_s))
 
-    def run_round(self, rnd: int) -> RoundOutcome:
-        return ray.get(self.coordinator.run_round.remote(rnd), timeout=self.timeout_s)
+    def run_round(self, rnd: int, then: int | None = None) -> RoundOutcome:
+        """Round ``rnd``'s outcome; with ``then``, round ``then`` is queued on the coordinator
+        first, so it starts the moment ``rnd`` ends instead of after the outcome's trip to the
+        driver and the driver's own work on it (tables, Tune reports)."""
+        ref = self._queued.pop(rnd, None) or self.coordinator.run_round.remote(rnd)
+        if then is not None:
+            self._queued[then] = self.coordinator.run_round.remote(then)
+        return ray.get(ref, timeout=self.timeout_s)
 
     def checkpoint(self):
         return ray.get(self.coordinator.checkpoint.remote(), timeout=self.timeout_s)

@@ -39,9 +39,11 @@ class ClientShard:
 
     def train(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
               extras: dict[int, Any]) -> dict[str, Any]:
-        """Local updates of ``client_ids`` (ascending); uploads come back stacked per key."""
+        """Local updates of ``client_ids`` (ascending); uploads come back stacked per key, the
+        method's ``averaged`` keys as one sum Σ n_k·v_k over these clients."""
         payload = self._to_device(payload)
         uploads: dict[str, list[torch.Tensor]] = {}
+        sums: dict[str, torch.Tensor] = {}
         losses, steps, up_bytes, metrics = [], [], [], []
         for cid in map(int, client_ids):
             update = self.method.local_update(
@@ -50,7 +52,11 @@ class ClientShard:
             if self.method.personal_state:
                 self.personal[cid] = update.personal
             for key, tensor in update.upload.items():
-                uploads.setdefault(key, []).append(tensor)
+                if key in self.method.averaged:
+                    term = float(self.n_train[cid]) * tensor
+                    sums[key] = sums[key] + term if key in sums else term
+                else:
+                    uploads.setdefault(key, []).append(tensor)
             losses.append(update.fit.loss)
             steps.append(update.fit.steps)
             up_bytes.append(tensor_bytes(update.upload))
@@ -65,29 +71,33 @@ class ClientShard:
             "bytes_up": np.asarray(up_bytes, dtype=np.int64),
             "metrics": metrics,
             "uploads": {k: torch.stack(v).cpu() for k, v in uploads.items()},
+            "sums": {k: v.cpu() for k, v in sums.items()},
         }
 
-    def evaluate(self, rnd: int, payload: dict[str, torch.Tensor],
+    def evaluate(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
                  extras: dict[int, Any]) -> list[dict[str, Any]]:
-        """Every hosted client on its own test split with its deployable model."""
+        """``client_ids`` (a contiguous run of hosted clients), each on its own test split with
+        its deployable model."""
         payload = self._to_device(payload)
-        ids = self.data.client_ids
-        if self.method.shared_deployable:
+        ids = [int(c) for c in client_ids]
+        if not ids:
+            return []
+        if self.method.shared_deployable:  # one forward pass over the whole block
             self.trainer.load(self.method.deployable(payload, None, None))
-            logits = self.trainer.predict(self.data.test.x)
-            per_client = [[score(logits[self.data.test.rows(p)],
-                                 self.data.test.y[self.data.test.rows(p)])]
-                          for p in range(len(ids))]
+            block = self.data.test_rows(client_ids)
+            logits = self.trainer.predict(self.data.test.x[block])
+            y = self.data.test.y[block]
+            per_client = []
+            for c in ids:
+                rows = self.data.test.rows(self.data.position[c])
+                rows = slice(rows.start - block.start, rows.stop - block.start)
+                per_client.append([score(logits[rows], y[rows])])
         else:
-            per_client = [self.method.evaluate(self.trainer, payload, self.personal.get(int(c)),
-                                               self.data.client(int(c)), extras.get(int(c)))
-                          for c in ids]
-        rows = []
-        for p, (cid, client_rows) in enumerate(zip(ids, per_client)):
-            for row in client_rows:
-                rows.append({"round": rnd, "client_id": int(cid), "group": int(self.data.groups[p]),
-                             "n_train": int(self.n_train[cid]), **row})
-        return rows
+            per_client = [self.method.evaluate(self.trainer, payload, self.personal.get(c),
+                                               self.data.client(c), extras.get(c)) for c in ids]
+        return [{"round": rnd, "client_id": c, "group": int(self.data.groups[self.data.position[c]]),
+                 "n_train": int(self.n_train[c]), **row}
+                for c, client_rows in zip(ids, per_client) for row in client_rows]
 
     def personal_states(self) -> dict[int, Any]:
         return {c: _to_cpu(s) for c, s in self.personal.items()}
