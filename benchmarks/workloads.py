@@ -205,7 +205,7 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
     """The identical experiment as a plain single-process PyTorch loop (no raylf runtime).
 
     Same partition, participants, initial weights, per-client shuffle seeds, SGD, n_k-weighted
-    average (a running Σ n_k·w_k, divided once) and evaluation schedule as raylf's fedavg;
+    average (a running float64 Σ n_k·w_k, divided once) and evaluation schedule as raylf's fedavg;
     returns per-round wall times and the final per-client accuracies.
     """
     fed = fed or build_federation(spec)
@@ -247,9 +247,9 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
-            term = float(n_train[cid]) * torch.nn.utils.parameters_to_vector(params).detach()
-            total = term if total is None else total + term
-        global_vec = total / float(n_train[ids].sum())
+            vec = torch.nn.utils.parameters_to_vector(params).detach().double()
+            total = n_train[cid].item() * vec + (0 if total is None else total)
+        global_vec = (total / float(n_train[ids].sum())).float()
         if rnd % spec.eval_every == 0 or rnd == fcfg.rounds:
             load_(params, global_vec)
             model.eval()

@@ -8,7 +8,6 @@ offsets, so a client's data is a pair of slices and evaluating a shared model is
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -78,7 +78,7 @@ class Method:
     averaged: ClassVar[frozenset[str]] = frozenset()
     """Upload keys the server reads only through ``Uploads.mean``. A worker sums n_k·v_k over its
     clients and returns one vector per key instead of one per client: the round's return message
-    and the server's memory stop growing with participants. Bytes up are still counted per client."""
+    and the server's memory stop growing with participants. Bytes up still count per client."""
 
     def __init__(self, params: MethodParams, ctx: MethodContext):
         self.params = params

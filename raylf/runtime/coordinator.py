@@ -120,7 +120,8 @@ class Coordinator:
         tensors = {k: torch.cat([r["uploads"][k] for r in results])[torch.as_tensor(order)]
                    for k in keys}
         n = torch.as_tensor(self.federation.n_train[ids[order]], dtype=torch.float32)
-        means = {k: sum(r["sums"][k] for r in results if k in r["sums"]) / float(n.sum())
+        # float64 partial sums: a float32 result independent of how clients were split
+        means = {k: (sum(r["sums"][k] for r in results if k in r["sums"]) / float(n.sum())).float()
                  for k in {k for r in results for k in r["sums"]}}
         metrics = [m for r in results for m in r["metrics"]]
         up = sum(int(r["bytes_up"].sum()) for r in results)

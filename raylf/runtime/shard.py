@@ -52,8 +52,8 @@ class ClientShard:
             if self.method.personal_state:
                 self.personal[cid] = update.personal
             for key, tensor in update.upload.items():
-                if key in self.method.averaged:
-                    term = float(self.n_train[cid]) * tensor
+                if key in self.method.averaged:  # float64: the same sum however it is split
+                    term = float(self.n_train[cid]) * tensor.double()
                     sums[key] = sums[key] + term if key in sums else term
                 else:
                     uploads.setdefault(key, []).append(tensor)
@@ -95,7 +95,8 @@ class ClientShard:
         else:
             per_client = [self.method.evaluate(self.trainer, payload, self.personal.get(c),
                                                self.data.client(c), extras.get(c)) for c in ids]
-        return [{"round": rnd, "client_id": c, "group": int(self.data.groups[self.data.position[c]]),
+        groups = self.data.groups
+        return [{"round": rnd, "client_id": c, "group": int(groups[self.data.position[c]]),
                  "n_train": int(self.n_train[c]), **row}
                 for c, client_rows in zip(ids, per_client) for row in client_rows]
 
