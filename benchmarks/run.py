@@ -157,10 +157,10 @@ def measure_raylf(base: dict, backend: str, workers: int, *, sampler: bool = Fal
     return out
 
 
-def measure_floor(base: dict, **overrides) -> dict[str, Any]:
+def measure_floor(base: dict, torch_seed: bool = False, **overrides) -> dict[str, Any]:
     spec = W.make_spec(base, **overrides)
     t0 = time.perf_counter()
-    run = W.floor_run(spec)
+    run = W.floor_run(spec, torch_seed=torch_seed)
     wall = time.perf_counter() - t0
     accs = [a for a in run["final_acc_per_client"] if a is not None]
     return {"round_s": W.median_after_first(run["round_s"]),
@@ -243,15 +243,27 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
             variants = [v for v in variants if v[0] != "ray-1w"]
         # Repeats interleave the variants (floor, local, ray-1w, ray-2w, floor, …) so that a
         # change in the machine's load hits all of them; ratios are taken within a repeat.
-        runs: dict[str, list[dict[str, Any]]] = {"floor": []}
+        runs: dict[str, list[dict[str, Any]]] = {"floor": [], "floor-torch-seed": []}
         for _ in range(n_rep):
             runs["floor"].append(measure_floor(base))
+            if not quick:
+                runs["floor-torch-seed"].append(measure_floor(base, torch_seed=True))
             for variant, backend, workers in variants:
                 runs.setdefault(variant, []).append(measure_raylf(base, backend, workers))
         floor = summarize(runs["floor"])
         log(f"[{name}] floor {floor['round_s']:.4f} s/round")
         rows.append(row("overhead", name, "floor", base, workers=1, ratio_to_floor=1.0,
                         max_acc_diff_vs_floor=0.0, note="plain PyTorch loop, 1 thread", **floor))
+        if runs["floor-torch-seed"]:
+            usual = summarize(runs["floor-torch-seed"])
+            ratio = float(np.median([u["round_s"] / f["round_s"] for u, f
+                                     in zip(runs["floor-torch-seed"], runs["floor"])]))
+            log(f"[{name}] floor-torch-seed {usual['round_s']:.4f} s/round ({ratio:.2f}x floor)")
+            rows.append(row("overhead", name, "floor-torch-seed", base, workers=1,
+                            ratio_to_floor=ratio, note="the floor seeding with torch.manual_seed",
+                            max_acc_diff_vs_floor=max(max_diff(u["acc"], f["acc"]) for u, f in
+                                                      zip(runs["floor-torch-seed"], runs["floor"])),
+                            **usual))
         for variant, _backend, workers in variants:
             m = summarize(runs[variant])
             ratio = float(np.median([r["round_s"] / f["round_s"]

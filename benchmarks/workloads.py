@@ -30,6 +30,7 @@ from raylf.runtime.coordinator import balance
 from raylf.runtime.ray_backend import RayShard
 from raylf.runtime.shard import ClientShard
 from raylf.seeding import derive, stream
+from raylf.training import seed_global
 
 
 def _psutil():
@@ -201,7 +202,7 @@ def balance_bound(spec: ExperimentSpec, fed: Federation | None = None) -> float:
 
 
 def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
-              device: str = "cpu") -> dict[str, Any]:
+              device: str = "cpu", torch_seed: bool = False) -> dict[str, Any]:
     """The identical experiment as a plain single-process PyTorch loop (no raylf runtime).
 
     Same partition, participants, initial weights, per-client shuffle seeds, SGD, n_k-weighted
@@ -236,7 +237,10 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
                                   weight_decay=opt_cfg.weight_decay)
             seed = derive(spec.seed, "client", rnd, int(cid))
             gen = torch.Generator().manual_seed(seed)
-            torch.manual_seed(seed)
+            if torch_seed:  # the usual call; it also pays lazy accelerator bookkeeping
+                torch.manual_seed(seed)
+            else:  # the same CPU stream, seeded the way raylf's trainer does it
+                seed_global(seed, dev)
             x, y = train[cid]
             model.train()
             for _ in range(fcfg.local_epochs):
