@@ -198,6 +198,10 @@ def validate(raw: dict[str, Any], source: str | None = None) -> ExperimentSpec:
             continue
         if field == "method":
             comp._validated = validated
+            if spec.resources.client_data == "replicated" and entry.personal_state:
+                problems.append(("resources.client_data", (
+                    f"{comp.name} keeps per-client state on the worker that hosts the client, "
+                    "so its clients cannot move between workers; use sharded or auto")))
         else:
             comp._params = validated
     if problems:

@@ -72,8 +72,7 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     try:
         label = f"{trial_id}/{uuid.uuid4().hex[:6]}"  # unique actor names, retries included
         blueprint = Blueprint(spec, build_federation(spec))
-        blueprint.method()  # incompatible method, data or client_data fail here, before any
-        blueprint.hosted()  # actor starts
+        blueprint.method()  # incompatible method and data fail here, before any actor starts
         runtime = open_runtime(backend, blueprint, placement, label)
         if snapshot is not None:
             runtime.restore(snapshot)

@@ -221,10 +221,8 @@ def test_replicated_data_balances_work_and_matches_sharded_aggregates():
 
 
 def test_replicated_client_data_is_refused_for_methods_with_client_state():
-    spec = validate(small_spec_dict(method__name="fedavg_se",
-                                    resources__client_data="replicated"))
     with pytest.raises(SpecError, match="resources.client_data"):
-        run_experiment(spec, backend="local")
+        validate(small_spec_dict(method__name="fedavg_se", resources__client_data="replicated"))
     auto = validate(small_spec_dict(method__name="fedavg_se"))
     assert not Blueprint(auto, build_federation(auto)).replicated
 

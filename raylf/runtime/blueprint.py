@@ -8,7 +8,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from raylf.config import ExperimentSpec, SpecError, validate
+from raylf.config import ExperimentSpec, validate
 from raylf.data.federation import Federation
 from raylf.methods import METHODS, Method, MethodContext, build_method
 from raylf.models import SplitModel, build_model
@@ -79,17 +79,14 @@ class Blueprint:
 
         Then any worker can train any client, so each round's participants are split to
         balance the work instead of by home; clients with resident state (a private head)
-        must stay home, so stateful methods always shard.
+        must stay home, so stateful methods always shard (``validate`` refuses ``replicated``
+        for them).
         """
         choice = self.spec.resources.client_data
-        stateful = METHODS.get(self.spec.method.name).personal_state
-        if choice == "replicated" and stateful:
-            raise SpecError([("resources.client_data", (
-                f"{self.spec.method.name} keeps per-client state on the worker that hosts the "
-                "client, so its clients cannot move between workers; use sharded or auto"))])
         if choice != "auto":
             return choice == "replicated"
-        return (not stateful and len(self.shards()) > 1
+        return (not METHODS.get(self.spec.method.name).personal_state
+                and len(self.shards()) > 1
                 and self.federation.train_bytes() <= REPLICATE_MAX_BYTES)
 
     def hosted(self) -> list[np.ndarray]:

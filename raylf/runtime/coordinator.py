@@ -64,6 +64,8 @@ class Coordinator:
     def _extras_by_worker(self, work: dict[int, np.ndarray]) -> dict[int, dict]:
         everyone = np.concatenate(list(work.values()))
         extras = self.method.extras(self.state, np.sort(everyone))
+        if not extras:
+            return {}
         return {s: {int(c): extras[int(c)] for c in ids if int(c) in extras}
                 for s, ids in work.items()}
 

@@ -70,12 +70,17 @@ def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v if v.flags.writeable else v.copy()) for k, v in arrays.items()}
 
 
+def convert_uploads(result: dict, convert) -> dict:
+    """A worker's train result with its tensor parts (stacked uploads, sums) converted."""
+    return result | {"uploads": convert(result["uploads"]), "sums": convert(result["sums"])}
+
+
 class RayShard(ClientShard):
     """A ClientShard whose tensor messages travel as NumPy arrays."""
 
     def train(self, rnd, payload, client_ids, extras):
-        result = super().train(rnd, as_tensors(payload), client_ids, extras)
-        return result | {"uploads": as_arrays(result["uploads"]), "sums": as_arrays(result["sums"])}
+        return convert_uploads(super().train(rnd, as_tensors(payload), client_ids, extras),
+                               as_arrays)
 
     def evaluate(self, rnd, payload, client_ids, extras):
         return super().evaluate(rnd, as_tensors(payload), client_ids, extras)
@@ -103,8 +108,7 @@ class RayPool:
         ref = self._broadcast(payload, len(work))
         results = self._get([self.actors[s].train.remote(rnd, ref, ids, extras.get(s, {}))
                              for s, ids in sorted(work.items())])
-        return [r | {"uploads": as_tensors(r["uploads"]), "sums": as_tensors(r["sums"])}
-                for r in results]
+        return [convert_uploads(r, as_tensors) for r in results]
 
     def evaluate(self, rnd, payload, work, extras):
         ref = self._broadcast(payload, len(work))
