@@ -16,20 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from raylf.errors import SpecError
 from raylf.registry import Registry, UnknownName
-
-
-class SpecError(ValueError):
-    """An invalid spec: every problem as ``(dotted.field, message)``."""
-
-    exit_code = 2
-
-    def __init__(self, problems: list[tuple[str, str]], source: str | None = None):
-        self.problems, self.source = problems, source
-        where = f" in {source}" if source else ""
-        lines = [f"invalid spec{where}:"]
-        lines += [f"  {path or '<root>'}: {msg}" for path, msg in problems]
-        super().__init__("\n".join(lines))
 
 
 class Strict(BaseModel):
@@ -90,6 +78,9 @@ class ResourceSpec(Strict):
     gpus_per_worker: float = Field(0.0, ge=0)
     coordinator_cpus: float = Field(0.25, gt=0)
     round_timeout_s: float = Field(1800.0, gt=0, description="longest wait for one round")
+    trial_timeout_s: float | None = Field(
+        None, gt=0, description="wall-clock budget of one experiment, checked after each round; "
+                                "over it the run ends with status timeout; none = no budget")
     client_data: Literal["auto", "sharded", "replicated"] = Field(
         "auto", description="sharded: each worker holds its own block of clients' data and trains "
                             "those; replicated: every worker holds all of it and a round's "
@@ -182,7 +173,8 @@ def validate(raw: dict[str, Any], source: str | None = None) -> ExperimentSpec:
     except ValidationError as err:
         raise SpecError(_errors(err), source) from None
     problems: list[tuple[str, str]] = []
-    for field, registry in _component_registries().items():
+    registries = _component_registries()
+    for field, registry in registries.items():
         comp = getattr(spec, field)
         try:
             entry = registry.get(comp.name)
@@ -202,6 +194,14 @@ def validate(raw: dict[str, Any], source: str | None = None) -> ExperimentSpec:
                 problems.append(("resources.client_data", (
                     f"{comp.name} keeps per-client state on the worker that hosts the client, "
                     "so its clients cannot move between workers; use sharded or auto")))
+            scenario = registries["scenario"]
+            if "groups" in entry.requires and spec.scenario.name in scenario and \
+                    not getattr(scenario.get(spec.scenario.name), "latent_groups", False):
+                with_groups = [n for n in scenario.names()
+                               if getattr(scenario.get(n), "latent_groups", False)]
+                problems.append(("method.name", (
+                    f"{comp.name} needs the scenario's latent group labels; scenario "
+                    f"{spec.scenario.name!r} has none (use one of: {', '.join(with_groups)})")))
         else:
             comp._params = validated
     if problems:

@@ -1,6 +1,10 @@
-"""``python -m raylf.datasets``: the dataset cache and a look at any scenario before running it.
+"""``python -m raylf.datasets``: the datasets a spec can name, the download cache, and a look at any
+scenario before running it.
 
-    list | fetch NAME... | verify NAME... | path NAME   the cache (raylf.data.fetch.main)
+    list [--root DIR]                                 every dataset name, where its data come from
+                                                      and, for downloads, whether it is cached
+    fetch NAME... [--allow-unverified] [--force]      download, verify and unpack into the cache
+    verify NAME... | path NAME                        re-hash a fetched dataset / print its folder
     describe                                          the paper presets and their notes
     describe PRESET [--plot FILE] [--seed N]          per-client table (and label-distribution
     describe --spec FILE [--plot FILE]                figure) of a preset or an experiment spec
@@ -13,15 +17,24 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from raylf.config import SpecError, load_raw, validate
 from raylf.data import build_federation, presets
-from raylf.data.fetch import DatasetError
-from raylf.data.fetch import main as cache_main
+from raylf.data.cache import ENV_VAR, data_root, fetch, is_complete, require, verify
+from raylf.data.manifest import DatasetError, list_manifests
 from raylf.data.sources import SOURCES, load_source
+
+# where the data of each source without a manifest come from (the others are downloaded)
+_LOCAL_ORIGINS = {
+    "digits": "bundled with scikit-learn",
+    "digits_multitask": "bundled with scikit-learn (digits, relabelled into two tasks)",
+    "synthetic": "generated from the seed (dataset.seed)",
+    "npz": "your own .npz file (dataset.path)",
+}
 
 # fields a preset leaves to the experiment; describe only needs the data side
 _FILL = {"model": {"name": "mlp"}, "method": {"name": "fedavg"}, "federation": {"rounds": 1}}
@@ -60,7 +73,7 @@ def client_table(fed, y: np.ndarray) -> list[dict[str, Any]]:
 
 def print_table(spec, rows: list[dict[str, Any]], note: str | None) -> None:
     print(f"dataset {spec.dataset.name}  scenario {spec.scenario.name} "
-          f"{spec.scenario.params.model_dump(exclude={'test_fraction'})}  "
+          f"{spec.scenario.params.model_dump(exclude={'test_fraction', 'val_fraction'})}  "
           f"clients {len(rows)}  seed {spec.seed}")
     if note:
         print(f"note: {note}")
@@ -123,20 +136,89 @@ def describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "describe":
-        return cache_main(argv)
-    parser = argparse.ArgumentParser(prog="python -m raylf.datasets describe",
-                                     description="per-client table of a preset or a spec")
-    parser.add_argument("preset", nargs="?", help="paper preset (omit to list them)")
-    parser.add_argument("--spec", help="an experiment spec instead of a preset")
-    parser.add_argument("--plot", metavar="FILE", help="write the label-distribution PNG")
-    parser.add_argument("--root", help="cache root of the data")
-    parser.add_argument("--seed", type=int, help="partition seed (default: the spec's)")
-    args = parser.parse_args(argv[1:])
+def origin(name: str) -> str:
+    """Where the data of a source without a manifest come from; for a source missing from
+    ``_LOCAL_ORIGINS``, the first line of its docstring."""
+    if name in _LOCAL_ORIGINS:
+        return _LOCAL_ORIGINS[name]
+    return (SOURCES.get(name).__doc__ or "").strip().split("\n")[0]
+
+
+def list_datasets(args: argparse.Namespace) -> int:
+    """One row per name ``dataset.name`` accepts; downloadable ones with their cache state."""
+    root = data_root(args.root)
+    manifests = {m.name: m for m in list_manifests()}
+    print(f"cache root: {root}")
+    print(f"{'dataset':18s} {'cache':8s} {'digest':10s} {'tasks':32s} data from")
+    for name in sorted(set(SOURCES.names()) | set(manifests)):
+        m = manifests.get(name)
+        if m is None:
+            print(f"{name:18s} {'':8s} {'':10s} {'':32s} {origin(name)}")
+            continue
+        state = "present" if is_complete(name, root, m) else "absent"
+        digest = "verified" if m.verified else "UNVERIFIED"
+        tasks = ", ".join(f"{t}({len(c)})" for t, c in m.tasks.items())
+        print(f"{name:18s} {state:8s} {digest:10s} {tasks:32s} "
+              f"downloaded from {', '.join(m.hosts)}")
+    return 0
+
+
+def fetch_datasets(args: argparse.Namespace) -> int:
+    for name in args.names:
+        path = fetch(name, args.root, allow_unverified=args.allow_unverified, force=args.force,
+                     progress=True)
+        print(f"{name}: {path}")
+    return 0
+
+
+def verify_datasets(args: argparse.Namespace) -> int:
+    for name in args.names:
+        print(f"{name}: ok {verify(name, args.root)}")
+    return 0
+
+
+def print_path(args: argparse.Namespace) -> int:
+    print(require(args.names[0], args.root))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m raylf.datasets",
+                                  description="raylf datasets, their download cache and a "
+                                              "per-client look at a scenario")
+    sub = top.add_subparsers(dest="cmd", required=True)
+
+    def command(name: str, run: Callable[[argparse.Namespace], int], summary: str,
+                root_help: str = f"cache root (default: ${ENV_VAR}, else ~/.cache/raylf/data)"
+                ) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=summary, description=summary)
+        p.set_defaults(run=run)
+        p.add_argument("--root", default=None, help=root_help)
+        return p
+
+    command("list", list_datasets, "list every dataset name and where its data come from")
+    p_fetch = command("fetch", fetch_datasets, "download, verify and unpack datasets")
+    p_fetch.add_argument("names", nargs="+", metavar="NAME")
+    p_fetch.add_argument("--allow-unverified", action="store_true",
+                         help="accept files that have no published digest")
+    p_fetch.add_argument("--force", action="store_true", help="re-verify even if complete")
+    p_verify = command("verify", verify_datasets, "re-hash the files of fetched datasets")
+    p_verify.add_argument("names", nargs="+", metavar="NAME")
+    p_path = command("path", print_path, "print the folder of a fetched dataset")
+    p_path.add_argument("names", nargs=1, metavar="NAME")
+    p_describe = command("describe", describe, "per-client table of a preset or a spec",
+                         root_help="cache root of the data")
+    p_describe.add_argument("preset", nargs="?", help="paper preset (omit to list them)")
+    p_describe.add_argument("--spec", help="an experiment spec instead of a preset")
+    p_describe.add_argument("--plot", metavar="FILE", help="write the label-distribution PNG")
+    p_describe.add_argument("--seed", type=int, help="partition seed (default: the spec's)")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
-        return describe(args)
+        return args.run(args)
     except SpecError as err:
         print(err, file=sys.stderr)
         return err.exit_code

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 import traceback
 import uuid
@@ -9,11 +11,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.fs as pafs
+
 from raylf import results
-from raylf.config import ExperimentSpec, SpecError
+from raylf.config import ExperimentSpec
 from raylf.data import build_federation
+from raylf.errors import SpecError
 from raylf.runtime import Blueprint, open_runtime
 from raylf.runtime.coordinator import RoundOutcome
+
+
+class RecordedStop(Exception):
+    """Raised (e.g. by a round hook) to end a run early with ``status`` and this message as its
+    recorded reason, instead of ``failed`` with a traceback: a time budget, a guard."""
+
+    def __init__(self, status: str, message: str):
+        self.status = status
+        super().__init__(message)
 
 
 @dataclass
@@ -67,7 +81,7 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     progress = progress or Progress()
     status, error, diverged_round = "ok", None, None
     started = time.perf_counter() - progress.wall_s
-    runtime = None
+    runtime = checkpoints = None
     failure: BaseException | None = None
     try:
         label = f"{trial_id}/{uuid.uuid4().hex[:6]}"  # unique actor names, retries included
@@ -76,7 +90,11 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
         runtime = open_runtime(backend, blueprint, placement, label)
         if snapshot is not None:
             runtime.restore(snapshot)
+        setup = runtime.setup()
+        if setup is not None:
+            progress.rounds.append(setup.record)
         last = spec.federation.rounds
+        checkpoints = CheckpointFolders(out, trial_id)
         for rnd in range(progress.next_round, last + 1):
             due = checkpoint_every is not None and (rnd == last or rnd % checkpoint_every == 0)
             outcome = runtime.run_round(rnd, then=None if due or rnd == last else rnd + 1)
@@ -91,17 +109,25 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
                          "aggregate was not finite; lower federation.optimizer.lr or set "
                          "federation.optimizer.grad_clip")
             if on_round is not None:
-                taken = runtime.checkpoint() if due and not outcome.diverged else None
+                taken = None
+                if due and not outcome.diverged:
+                    taken = runtime.checkpoint(checkpoints.folder(rnd))
                 on_round(outcome, runtime, progress, taken)
+                if taken is not None:
+                    checkpoints.reported(rnd)
             if outcome.diverged:
                 break
     except SpecError:
         raise  # impossible spec or resources: nothing ran, nothing to record
+    except RecordedStop as exc:  # a budget or guard ended the run: its own status and reason
+        status, error = exc.status, str(exc)
     except Exception as exc:  # recorded in the trials table, then optionally re-raised
         status, error, failure = "failed", traceback.format_exc(), exc
     finally:
         if runtime is not None:
             runtime.close()
+        if checkpoints is not None:
+            checkpoints.close()
     tables = {
         "trials": [trial_row(spec, trial_id, sweep, backend, status, error, diverged_round,
                              progress, time.perf_counter() - started) | (extra or {})],
@@ -114,6 +140,35 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     if failure is not None and reraise:
         raise failure
     return result
+
+
+class CheckpointFolders:
+    """Where workers write personal state for the checkpoint after round r:
+    ``<out>/checkpoints/<trial_id>/round-<r>`` (a temporary folder without ``out``). The folders
+    of the last two reported checkpoints are kept (Tune keeps two), older ones removed."""
+
+    KEEP = 2
+
+    def __init__(self, out: str | None, trial_id: str):
+        self._temp = None if out is not None else tempfile.mkdtemp(prefix="raylf-ckpt-")
+        self.root = f"{out if out is not None else self._temp}/checkpoints/{trial_id}"
+        self._reported: list[int] = []
+
+    def folder(self, rnd: int) -> str:
+        return f"{self.root}/round-{rnd}"
+
+    def reported(self, rnd: int) -> None:
+        self._reported.append(rnd)
+        fs, _ = results.filesystem(self.root)
+        for old in self._reported[: -self.KEEP]:
+            _, path = results.filesystem(self.folder(old))
+            if fs.get_file_info(path).type != pafs.FileType.NotFound:
+                fs.delete_dir(path)
+        self._reported = self._reported[-self.KEEP:]
+
+    def close(self) -> None:
+        if self._temp is not None:
+            shutil.rmtree(self._temp, ignore_errors=True)
 
 
 def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, status: str,
@@ -131,9 +186,15 @@ def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, sta
         "bytes_up": sum(r["bytes_up"] for r in rounds),
         "bytes_down": sum(r["bytes_down"] for r in rounds),
     }
-    row.update({k: v for k, v in final.items() if k.startswith(("acc_", "eval_loss", "auc"))})
+    row.update({k: v for k, v in final.items()
+                if k.startswith(("acc_", "eval_loss", "auc", "val_"))})
     row["best_acc_mean"] = best.get("acc_mean")  # selected on test data: label it as such
     row["best_round"] = best.get("round")
+    chosen = max((r for r in evaluated if r.get("val_acc_mean") is not None),
+                 key=lambda r: r["val_acc_mean"], default={})
+    row["best_val_round"] = chosen.get("round")  # selected on validation data
+    row["best_val_acc_mean"] = chosen.get("val_acc_mean")
+    row["acc_mean_at_best_val"] = chosen.get("acc_mean")  # the test figure to report
     for key, value in spec.flat().items():
         row.setdefault(key, value)
     return row

@@ -24,22 +24,30 @@ def accuracy_summary(accuracy: np.ndarray, correct: np.ndarray, n: np.ndarray) -
     }
 
 
-def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Round-level summary of clients-table rows; tasks other than ``main`` get a suffix."""
-    by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+def summarize(rows: list[dict[str, Any]], primary: str = "main") -> dict[str, float]:
+    """Round-level summary of clients-table rows per split, deployable and task.
+
+    Test rows of the ``primary`` deployable's ``main`` task give ``acc_mean`` …; another task
+    adds ``_<task>``, another deployable ``_<deployable>``, the validation split a ``val_``
+    prefix (``val_acc_mean_binary_own_heads``).
+    """
+    by_key: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row.get("accuracy") is not None:
-            by_task[row["task"]].append(row)
+            key = (row.get("split", "test"), row.get("deployable", primary), row["task"])
+            by_key[key].append(row)
     out: dict[str, float] = {}
-    for task, task_rows in sorted(by_task.items()):
-        suffix = "" if task == "main" else f"_{task}"
+    for (split, deployable, task), group in sorted(by_key.items()):
+        prefix = "val_" if split == "val" else ""
+        suffix = ("" if task == "main" else f"_{task}") + \
+            ("" if deployable == primary else f"_{deployable}")
         summary = accuracy_summary(
-            np.array([r["accuracy"] for r in task_rows]),
-            np.array([r["correct"] for r in task_rows]),
-            np.array([r["n_test"] for r in task_rows]))
-        summary["eval_loss"] = float(np.mean([r["loss"] for r in task_rows]))
-        summary.update(extra_means(task_rows))
-        out.update({f"{k}{suffix}": v for k, v in summary.items()})
+            np.array([r["accuracy"] for r in group]),
+            np.array([r["correct"] for r in group]),
+            np.array([r["n_test"] for r in group]))
+        summary["eval_loss"] = float(np.mean([r["loss"] for r in group]))
+        summary.update(extra_means(group))
+        out.update({f"{prefix}{k}{suffix}": v for k, v in summary.items()})
     return out
 
 

@@ -34,7 +34,9 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "round_s": _FLOAT, "loss": _FLOAT, "eval_loss": _FLOAT, "acc_mean": _FLOAT,
     "acc_weighted": _FLOAT, "acc_worst": _FLOAT, "acc_bottom20": _FLOAT, "acc_gap": _FLOAT,
     "best_acc_mean": _FLOAT, "client_id": _INT, "group": _INT, "n_train": _INT, "n_test": _INT,
-    "task": _STR, "correct": _INT, "accuracy": _FLOAT, "auc": _FLOAT,
+    "task": _STR, "split": _STR, "deployable": _STR, "best_val_round": _INT,
+    "best_val_acc_mean": _FLOAT, "acc_mean_at_best_val": _FLOAT, "correct": _INT,
+    "accuracy": _FLOAT, "auc": _FLOAT,
 }
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import zlib
 
 import numpy as np
+import torch
 
-_PURPOSES = ("partition", "split", "participation", "client", "init", "method")
+_PURPOSES = ("partition", "split", "participation", "client", "init", "method", "evaluate")
 
 
 def _key(seed: int, purpose: str, *indices: int) -> list[int]:
@@ -27,3 +28,10 @@ def derive(seed: int, purpose: str, *indices: int) -> int:
     """A 63-bit integer seed for torch generators."""
     state = np.random.SeedSequence(_key(seed, purpose, *indices)).generate_state(2, np.uint32)
     return int(state[0]) << 31 ^ int(state[1])
+
+
+def generator(seed: int, *indices: int) -> torch.Generator:
+    """A torch generator for a method's own random choices (a data subset, noise), drawn from
+    the client's round seed on the ``method`` stream so it never repeats the trainer's
+    shuffling, which is seeded by ``seed`` itself."""
+    return torch.Generator().manual_seed(derive(seed, "method", *indices))

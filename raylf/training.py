@@ -7,6 +7,7 @@ the same model instance serves every virtual client of a worker.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -114,6 +115,7 @@ class LocalTrainer:
         self._params = {part: [p for n, p in self.model.named_parameters()
                                if n.startswith(part + ".")] for part in PARTS}
         self._optimizers: dict[tuple[str, ...], torch.optim.Optimizer] = {}
+        self.fits: list[FitResult] = []  # every fit and gradient since the runtime last cleared it
 
     # -- flat vector access ------------------------------------------------------------------
     def load(self, vector: torch.Tensor, part: str | None = None) -> None:
@@ -138,18 +140,26 @@ class LocalTrainer:
 
     def fit(self, x: torch.Tensor, y: torch.Tensor, *, seed: int,
             trainable: tuple[str, ...] = PARTS, epochs: int | None = None,
+            max_steps: int | None = None,
             prox: tuple[torch.Tensor, float] | None = None,
             loss_fn: LossFn = F.cross_entropy,
             penalty: Callable[[], torch.Tensor] | None = None,
             after_step: Callable[[], None] | None = None) -> FitResult:
         """Minibatch SGD on (x, y) for ``epochs`` (default: the federation's local epochs).
 
+        ``max_steps`` stops after that many optimizer steps (epochs continue as needed when
+        ``epochs`` is not given: Ditto's and FedAvg's "τ local steps" variants).
         ``prox=(anchor, mu)`` adds mu·(w − anchor) to every trained parameter's gradient (the
         FedProx / Ditto proximal term, anchor given as a full flat vector). ``penalty`` is any
         extra differentiable term added to the loss each step; ``after_step`` runs (without
         autograd) after every optimizer step, e.g. a proximal map for a term kept out of the loss.
+        Every fit is logged in ``fits`` (the runtime checks each one for divergence).
         """
-        epochs = self.local_epochs if epochs is None else epochs
+        n = len(y) if torch.is_tensor(y) else len(next(iter(y.values())))
+        if epochs is None:
+            per_epoch = max(1, math.ceil(n / self.batch_size))
+            epochs = (self.local_epochs if max_steps is None
+                      else math.ceil(max_steps / per_epoch))
         opt = self._optimizer(trainable)
         params = opt.param_groups[0]["params"]
         for part in PARTS:
@@ -162,12 +172,13 @@ class LocalTrainer:
         gen = torch.Generator().manual_seed(seed)
         seed_global(seed, self.device)
         self.model.train()
-        n = len(y) if torch.is_tensor(y) else len(next(iter(y.values())))
         total = torch.zeros((), device=self.device)
-        steps = 0
+        steps = samples = 0
         for _ in range(epochs):
             order = torch.randperm(n, generator=gen).to(self.device)
             for start in range(0, n, self.batch_size):
+                if max_steps is not None and steps >= max_steps:
+                    break
                 idx = order[start: start + self.batch_size]
                 target = y[idx] if torch.is_tensor(y) else {k: v[idx] for k, v in y.items()}
                 loss = loss_fn(self.model(x[idx]), target)
@@ -186,10 +197,60 @@ class LocalTrainer:
                         after_step()
                 total += loss.detach()
                 steps += 1
-        mean = float(total) / max(steps, 1)
-        return FitResult(mean, steps, n * epochs)
+                samples += len(idx)
+        result = FitResult(float(total) / max(steps, 1), steps, samples)
+        self.fits.append(result)
+        return result
+
+    def gradient(self, x: torch.Tensor, y, *, loss_fn: LossFn = F.cross_entropy,
+                 part: str | None = None) -> torch.Tensor:
+        """The gradient of ``loss_fn`` on this one minibatch at the loaded weights, as a flat
+        vector over ``part`` (or the whole layout; buffers get zeros), for methods whose client
+        step is a gradient (SP-CACW, FC). The model runs in train mode, as in ``fit``, but its
+        buffers (BatchNorm statistics) are restored: computing a gradient changes no state.
+        The minibatch loss is logged in ``fits`` with zero steps, so divergence is checked."""
+        saved = self.flat.clone()
+        self.model.train()
+        params = [p for name in PARTS for p in self._params[name]]
+        for p in params:
+            p.requires_grad_(True)
+        self.model.zero_grad(set_to_none=True)
+        loss = loss_fn(self.model(x), y)
+        loss.backward()
+        grad = torch.zeros_like(self.flat)
+        for p in params:
+            if p.grad is not None:
+                offset = self._offsets[id(p)]
+                grad[offset: offset + p.numel()] = p.grad.reshape(-1)
+        self.model.zero_grad(set_to_none=True)
+        self.flat.copy_(saved)
+        self.fits.append(FitResult(float(loss.detach()), 0, len(x)))
+        return grad if part is None else grad[self.layout.part(part)].clone()
 
     # -- evaluation --------------------------------------------------------------------------
+    @torch.no_grad()
+    def loss(self, x: torch.Tensor, y, *, loss_fn: LossFn = F.cross_entropy,
+             chunk: int = 4096) -> float:
+        """Mean per-sample loss of the loaded model on (x, y), in eval mode (IFCA's lowest-loss
+        choice, FedCE's and Ditto's scores). ``loss_fn`` must average over its batch."""
+        n = len(y) if torch.is_tensor(y) else len(next(iter(y.values())))
+        if n == 0:
+            return math.nan
+        self.model.eval()
+        total = 0.0
+        for i in range(0, n, chunk):
+            target = y[i: i + chunk] if torch.is_tensor(y) else {
+                k: v[i: i + chunk] for k, v in y.items()}
+            rows = len(x[i: i + chunk])
+            total += float(loss_fn(self.model(x[i: i + chunk]), target)) * rows
+        return total / n
+
+    def accuracy(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Top-1 accuracy of the loaded model on (x, y); nan on an empty split."""
+        if len(y) == 0:
+            return math.nan
+        return float((self.predict(x).argmax(1) == y).float().mean())
+
     @torch.no_grad()
     def predict(self, x: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
         self.model.eval()

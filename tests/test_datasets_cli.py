@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import raylf.datasets
+from raylf.data.sources import SOURCES
 from raylf.datasets import main
 from raylf.run import main as run_main
-from tests.test_sources import write_mnist
+from tests.test_sources import mark_complete, write_mnist
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,6 +23,33 @@ def test_list_reports_absent_datasets(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["list", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "mnist" in out and "absent" in out and "shakespeare" in out
+
+
+def test_list_names_every_source_and_where_its_data_come_from(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    mark_complete(tmp_path, "mnist")
+    assert main(["list", "--root", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"cache root: {tmp_path}" and lines[1].split()[0] == "dataset"
+    rows = {line.split()[0]: line for line in lines[2:]}
+    assert sorted(rows) == SOURCES.names()
+    assert rows["digits"].endswith(" bundled with scikit-learn")
+    assert rows["synthetic"].endswith(" generated from the seed (dataset.seed)")
+    assert rows["npz"].endswith(" your own .npz file (dataset.path)")
+    assert rows["mnist"].split()[1:3] == ["present", "verified"]
+    assert rows["mnist"].endswith(" downloaded from ossci-datasets.s3.amazonaws.com")
+    assert rows["cifar10"].split()[1:4] == ["absent", "verified", "object(10)"]
+    assert rows["cifar10"].endswith(" downloaded from www.cs.toronto.edu")
+    assert rows["pneumonia"].split()[1:3] == ["absent", "UNVERIFIED"]
+
+
+def test_list_falls_back_to_the_source_docstring(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(raylf.datasets._LOCAL_ORIGINS, "digits")
+    assert main(["list", "--root", str(tmp_path)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("digits "))
+    assert row.endswith(" scikit-learn's bundled 8×8 handwritten digits (1,797 images): the "
+                        "offline default.")
 
 
 def test_describe_without_a_name_lists_presets(capsys: pytest.CaptureFixture) -> None:

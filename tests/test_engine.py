@@ -179,14 +179,16 @@ def test_workers_return_one_weighted_sum_per_averaged_key_not_one_upload_per_cli
     init = bp.initial_vector()
     ids = np.array([0, 2, 3])
     result = ClientShard(bp, np.arange(4)).train(1, {"model": init}, ids, {})
-    assert result["uploads"] == {} and result["sums"]["model"].shape == init.shape
+    assert result["uploads"] == {} and list(result["sums"]["model"]) == [0]
+    assert result["sums"]["model"][0].shape == init.shape
+    assert result["weights"]["model"][0] == float(bp.federation.n_train[ids].sum())
     assert list(result["bytes_up"]) == [tensor_bytes(init)] * 3  # still counted per client
     reference = ClientShard(bp, np.arange(4))  # the same local updates, one client at a time
     n = bp.federation.n_train
-    per_client = [reference.train(1, {"model": init}, ids[k:k + 1], {})["sums"]["model"] / n[c]
+    per_client = [reference.train(1, {"model": init}, ids[k:k + 1], {})["sums"]["model"][0] / n[c]
                   for k, c in enumerate(ids)]
     expected = sum(float(n[c]) * v for c, v in zip(ids, per_client))
-    assert torch.allclose(result["sums"]["model"], expected, rtol=1e-9)
+    assert torch.allclose(result["sums"]["model"][0], expected, rtol=1e-9)
 
 
 def test_balance_gives_every_participant_once_and_evens_the_load():

@@ -13,22 +13,18 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from raylf.data.fetch import (
+import raylf.data
+from raylf.data.cache import (
     MARKER,
-    DatasetError,
     DatasetMissing,
-    FileSpec,
-    Manifest,
     data_root,
     fetch,
     is_complete,
-    list_manifests,
-    load_manifest,
-    main,
-    manifest_dir,
     require,
     verify,
 )
+from raylf.data.manifest import DatasetError, FileSpec, Manifest, list_manifests, load_manifest
+from raylf.datasets import main
 
 SHIPPED = {
     "mnist",
@@ -470,7 +466,7 @@ def test_manifest_name_must_match(source: Path, root: Path) -> None:
 
 
 def test_every_shipped_manifest_loads() -> None:
-    names = {p.stem for p in manifest_dir().glob("*.yaml")}
+    names = {p.stem for p in (Path(raylf.data.__file__).parent / "manifests").glob("*.yaml")}
     assert SHIPPED <= names
     loaded = {m.name: m for m in list_manifests()}
     assert set(loaded) == names

@@ -14,7 +14,8 @@ import torch
 
 from raylf.config import SpecError, validate
 from raylf.data import build_federation, text
-from raylf.data.fetch import MARKER, DatasetMissing, fetch, load_manifest
+from raylf.data.cache import MARKER, DatasetMissing, fetch
+from raylf.data.manifest import load_manifest
 from raylf.data.sources import SOURCES, from_arrays, load_source
 
 
@@ -221,7 +222,7 @@ def _medimeta_zip(n: int) -> bytes:
 
 def test_medimeta_source_from_a_fixture_zip(tmp_path: Path) -> None:
     """The layout assumed for the MedIMeta zips (unverified against the real release)."""
-    from raylf.data.fetch import Manifest
+    from raylf.data.manifest import Manifest
 
     (tmp_path / "pneumonia.zip").write_bytes(_medimeta_zip(6))
     shipped = load_manifest("pneumonia").model_dump()
@@ -236,7 +237,7 @@ def test_medimeta_source_from_a_fixture_zip(tmp_path: Path) -> None:
 
 def test_medimeta_missing_task_file_lists_what_is_there(tmp_path: Path) -> None:
     from raylf.data import medimeta
-    from raylf.data.fetch import DatasetError
+    from raylf.data.manifest import DatasetError
 
     with zipfile.ZipFile(io.BytesIO(_medimeta_zip(2))) as zf:
         zf.extractall(tmp_path)

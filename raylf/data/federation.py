@@ -8,7 +8,7 @@ offsets, so a client's data is a pair of slices and evaluating a shared model is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -18,8 +18,10 @@ from raylf.data.scenarios import (
     check_compatible,
     make_partition,
     split_train_test,
+    split_validation,
 )
 from raylf.data.sources import SourceData, load_source
+from raylf.errors import SpecError
 from raylf.seeding import stream
 
 
@@ -35,6 +37,11 @@ class Federation:
     num_classes: int
     tasks: tuple[str, ...] = ()
     label_maps: np.ndarray | None = None  # clients × classes: label seen for each true label
+    val: list[np.ndarray] | None = None  # per-client validation indices (scenario.val_fraction)
+
+    @property
+    def has_val(self) -> bool:
+        return self.val is not None and any(len(v) for v in self.val)
 
     @property
     def num_clients(self) -> int:
@@ -64,8 +71,6 @@ def build_federation(spec, source: SourceData | None = None) -> Federation:
     try:
         check_compatible(spec.scenario.name, spec.dataset.name, source)
     except Incompatible as err:
-        from raylf.config import SpecError
-
         raise SpecError([("scenario.name", str(err))]) from None
     num_clients = spec.federation.num_clients
     part = make_partition(spec.scenario.name, spec.scenario.params, source, num_clients,
@@ -75,9 +80,12 @@ def build_federation(spec, source: SourceData | None = None) -> Federation:
     else:
         train, test = split_train_test(part.indices, spec.scenario.params.test_fraction,
                                        stream(spec.seed, "split"))
+    totals = [len(tr) + len(te) for tr, te in zip(train, test)]
+    train, val = split_validation(train, totals, spec.scenario.params.val_fraction,
+                                  stream(spec.seed, "split", 1))
     return Federation(spec.dataset.name, spec.dataset.params, train, test, part.groups,
                       part.angles, source.input_shape, source.num_classes, tuple(source.tasks),
-                      part.label_maps)
+                      part.label_maps, val)
 
 
 def _rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
@@ -98,6 +106,16 @@ class ClientData:
     y_test: torch.Tensor
     tasks_train: dict[str, torch.Tensor] = field(default_factory=dict)
     tasks_test: dict[str, torch.Tensor] = field(default_factory=dict)
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+    tasks_val: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def evaluated_on(self, split: str) -> ClientData:
+        """This client with ``split`` (test or val) as its evaluation split (``x_test``…), so a
+        method's ``evaluate`` scores whichever split the runtime asks for."""
+        if split == "test":
+            return self
+        return replace(self, x_test=self.x_val, y_test=self.y_val, tasks_test=self.tasks_val)
 
     @property
     def n_train(self) -> int:
@@ -133,6 +151,7 @@ class ShardData:
     groups: np.ndarray
     train: Split
     test: Split
+    val: Split
     position: dict[int, int]
 
     @classmethod
@@ -154,21 +173,28 @@ class ShardData:
 
         train = gather([fed.train[c] for c in client_ids])
         test = gather([fed.test[c] for c in client_ids])
+        no_val = np.zeros(0, dtype=np.int64)
+        val = gather([fed.val[c] if fed.val is not None else no_val for c in client_ids])
         position = {int(c): p for p, c in enumerate(client_ids)}
-        return cls(client_ids, fed.groups[client_ids], train, test, position)
+        return cls(client_ids, fed.groups[client_ids], train, test, val, position)
 
-    def test_rows(self, client_ids: np.ndarray) -> slice:
-        """The test rows of a contiguous run of hosted clients (a worker's home block)."""
+    def split(self, name: str) -> Split:
+        return {"train": self.train, "test": self.test, "val": self.val}[name]
+
+    def block_rows(self, client_ids: np.ndarray, split: str = "test") -> slice:
+        """The rows of ``split`` of a contiguous run of hosted clients (a worker's home block)."""
         first, last = self.position[int(client_ids[0])], self.position[int(client_ids[-1])]
         if last - first + 1 != len(client_ids):
-            raise ValueError("test_rows needs clients stored next to each other")
-        return slice(int(self.test.offsets[first]), int(self.test.offsets[last + 1]))
+            raise ValueError("block_rows needs clients stored next to each other")
+        offsets = self.split(split).offsets
+        return slice(int(offsets[first]), int(offsets[last + 1]))
 
     def client(self, cid: int) -> ClientData:
         p = self.position[cid]
-        tr, te = self.train.rows(p), self.test.rows(p)
+        tr, te, va = self.train.rows(p), self.test.rows(p), self.val.rows(p)
         return ClientData(
             cid, int(self.groups[p]), self.train.x[tr], self.train.y[tr], self.test.x[te],
             self.test.y[te], {t: v[tr] for t, v in self.train.tasks.items()},
-            {t: v[te] for t, v in self.test.tasks.items()},
+            {t: v[te] for t, v in self.test.tasks.items()}, self.val.x[va], self.val.y[va],
+            {t: v[va] for t, v in self.val.tasks.items()},
         )

@@ -1,4 +1,4 @@
-"""Reader for one MedIMeta dataset folder (as unpacked by ``raylf.data.fetch``).
+"""Reader for one MedIMeta dataset folder (as unpacked by ``raylf.data.extract``).
 
 Expected layout, per the MedIMeta paper and its reader package (not yet checked against the real
 zips, hence the search and the explicit errors): somewhere below the dataset folder an
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from raylf.data.fetch import DatasetError
+from raylf.data.manifest import DatasetError
 
 
 def _info(folder: Path) -> tuple[Path, dict]:

@@ -22,6 +22,9 @@ from raylf.registry import Registry
 class ScenarioParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's samples")
+    val_fraction: float = Field(
+        0.0, ge=0, lt=1, description="share of each client's samples held out of training for "
+                                     "validation (model selection, FedCE's scores); 0 = none")
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,8 @@ class LabelSubset:
     latent group is the client's class set.
     """
 
+    latent_groups = True  # clients belong to known groups (oracles may use them)
+
     class Params(ScenarioParams):
         k: int = Field(ge=1)
 
@@ -155,6 +160,8 @@ class Rotation:
     ``step``, a continuum where client k sees k·step degrees and is its own group.
     """
 
+    latent_groups = True  # clients belong to known groups (oracles may use them)
+
     class Params(ScenarioParams):
         groups: int = Field(4, ge=1)
         step: float | None = Field(None, gt=0, description="degrees between consecutive clients")
@@ -181,6 +188,8 @@ class LabelPermutation:
     """Concept shift: IID inputs, but each latent cluster sees the labels through its own fixed
     permutation (SP-CACW's MNIST "label switching"). Clients are dealt round-robin to clusters;
     cluster 0 keeps the true labels, the others get distinct random permutations."""
+
+    latent_groups = True  # clients belong to known groups (oracles may use them)
 
     class Params(ScenarioParams):
         clusters: int = Field(3, ge=1)
@@ -209,6 +218,8 @@ class LatentClusters:
     deviation) on every class, clipped at 0: leakage into other blocks and variation inside a
     cluster. Each class's samples are then shared among clients in proportion to their mass.
     """
+
+    latent_groups = True  # clients belong to known groups (oracles may use them)
 
     class Params(ScenarioParams):
         clusters: int = Field(4, ge=1)
@@ -292,6 +303,20 @@ class Natural:
                                          for p, t in zip(parts, n_test)]))
             test.append(np.concatenate([p[len(p) - t:] for p, t in zip(parts, n_test)]))
         return Partition(train, np.arange(num_clients, dtype=np.int64), test=test)
+
+
+def split_validation(
+    train: list[np.ndarray], totals: list[int], val_fraction: float, rng: np.random.Generator
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Hold ``val_fraction`` of each client's samples (of ``totals``) out of its training split,
+    keeping at least one training sample; 0 leaves the training split untouched."""
+    kept, val = [], []
+    for idx, total in zip(train, totals):
+        n_val = min(round(val_fraction * total), len(idx) - 1) if val_fraction else 0
+        shuffled = rng.permutation(idx)
+        val.append(np.sort(shuffled[:n_val]))
+        kept.append(idx if n_val == 0 else np.sort(shuffled[n_val:]))
+    return kept, val
 
 
 def split_train_test(

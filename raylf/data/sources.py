@@ -153,11 +153,11 @@ class Synthetic:
 
 
 # ------------------------------------------------------------------------------------------
-# torchvision datasets, read from the folder raylf.data.fetch guarantees
+# torchvision datasets, read from the folder raylf.data.cache guarantees
 
 
 def _require(name: str, root: str | None) -> Path:
-    from raylf.data.fetch import require
+    from raylf.data.cache import require
 
     return require(name, root)
 
@@ -235,12 +235,12 @@ class Shakespeare:
 
     @staticmethod
     def load(params: Params) -> SourceData:
-        from raylf.data.fetch import load_manifest
+        from raylf.data.manifest import load_manifest
 
         folder = _require("shakespeare", params.root)
         path = next(iter(sorted(folder.rglob("100.txt"))), None)
         if path is None:
-            from raylf.data.fetch import DatasetError
+            from raylf.data.manifest import DatasetError
 
             raise DatasetError(f"no 100.txt below {folder}; fetch shakespeare again (--force)")
         vocab = load_manifest("shakespeare").tasks["next_char"]
@@ -306,7 +306,7 @@ def _medimeta_source(name: str, tasks: dict[str, str], doc: str) -> None:
         @staticmethod
         def load(params) -> SourceData:
             from raylf.data import medimeta
-            from raylf.data.fetch import load_manifest
+            from raylf.data.manifest import load_manifest
 
             x, labels = medimeta.load(_require(name, params.root), tasks, params.size)
             classes = list(load_manifest(name).tasks.values())[1]  # the 3-class task

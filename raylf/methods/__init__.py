@@ -1,21 +1,14 @@
-"""Method registry: one module per method family, each holding both halves."""
+"""Method registry: one module per method family, each holding both halves; a module's
+classes register themselves with ``@register``, so importing it is all a new method needs."""
 
 from __future__ import annotations
 
-from raylf.methods.base import Method, MethodContext, MethodParams
-from raylf.methods.fedavg import FedAvg, FedProx
-from raylf.methods.fedavg_se import FedAvgSE
-from raylf.methods.fmtsvm import FMTSVM, FedPureCNN, FedPureSVM
-from raylf.methods.local import Local
-from raylf.registry import Registry
-
-METHODS: Registry[type[Method]] = Registry("method")
-for _cls in (FedAvg, FedProx, FedAvgSE, Local, FMTSVM, FedPureCNN, FedPureSVM):
-    METHODS.register(_cls.name)(_cls)
+from raylf.methods import fedavg, fedavg_se, fmtsvm, local  # noqa: F401  (they register)
+from raylf.methods.base import METHODS, Method, MethodContext, MethodParams, register
 
 
 def build_method(name: str, params: MethodParams, ctx: MethodContext) -> Method:
     return METHODS.get(name)(params, ctx)
 
 
-__all__ = ["METHODS", "Method", "MethodContext", "MethodParams", "build_method"]
+__all__ = ["METHODS", "Method", "MethodContext", "MethodParams", "build_method", "register"]

@@ -1,14 +1,20 @@
 """The two halves every method implements, and the defaults most methods share.
 
-Server half (runs in the coordinator): ``server_init``, ``select``, ``broadcast``, ``extras``,
-``aggregate``. Client half (runs in a worker, once per virtual client): ``client_init``,
-``local_update``, ``deployable``, ``evaluate``. Both are plain functions of tensors and dicts;
-nothing here imports Ray, so a method is unit-testable on its own and runs unchanged on every
-backend.
+Server half (runs in the coordinator): ``server_init``, ``server_setup``, ``select``,
+``broadcast``, ``extras``, ``aggregate``. Client half (runs in a worker, once per virtual
+client): ``client_init``, ``setup``, ``local_update``, ``deployable``, ``evaluate``. Both are
+plain functions of tensors and dicts; nothing here imports Ray, so a method is unit-testable on
+its own and runs unchanged on every backend.
+
+What a client uploads is a dict of tensors. A plain tensor reaches the server stacked with the
+other senders' (``Uploads.tensors``); a ``Share`` is a term of a weighted sum per group that the
+workers reduce (``Uploads.mean(key, group)``), so clustered methods never pull one vector per
+client to the server. Keys in ``averaged`` are shares of weight n_k in group 0.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -18,7 +24,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
 from raylf.data.federation import ClientData
-from raylf.training import FitResult, LocalTrainer, ParamLayout, weighted_mean
+from raylf.registry import Registry
+from raylf.training import LocalTrainer, ParamLayout, weighted_mean
 
 Tensors = dict[str, torch.Tensor]
 
@@ -31,7 +38,14 @@ class MethodParams(BaseModel):
 
 @dataclass(frozen=True)
 class MethodContext:
-    """What both halves may know about the experiment (never another client's data)."""
+    """What both halves may know about the experiment (never another client's data).
+
+    ``latent_groups`` are the scenario's true group labels (None when it has none): only
+    reference methods that declare ``requires = {"groups"}`` (oracles) may read them.
+    ``draw_init(i)`` builds model ``i``'s flat initialization through the model factory, seeded
+    from the trial seed (IFCA's and FedSoft's distinct cluster models); the common init every
+    client starts from is the ``init`` handed to ``server_init`` and ``client_init``.
+    """
 
     layout: ParamLayout
     num_clients: int
@@ -40,31 +54,81 @@ class MethodContext:
     rounds: int
     participants_per_round: int
     seed: int
+    latent_groups: np.ndarray | None = None
+    draw_init: Callable[[int], torch.Tensor] | None = None
+
+    def initial_models(self, count: int) -> torch.Tensor:
+        """``count`` independently drawn initializations, stacked (count, P)."""
+        assert self.draw_init is not None, "this context was built without a model factory"
+        return torch.stack([self.draw_init(i) for i in range(count)])
+
+
+@dataclass(frozen=True)
+class Share:
+    """One client's term of a weighted sum per group: Σ_k w_kg v_k and Σ_k w_kg are reduced on
+    the workers. ``weights`` maps group → weight (one entry: hard assignment; several: soft)."""
+
+    value: torch.Tensor
+    weights: dict[int, float]
+
+
+def share(value: torch.Tensor, weight: float, group: int = 0) -> Share:
+    """``value`` counted with ``weight`` in one group (IFCA: its chosen model, n_k)."""
+    return Share(value, {int(group): float(weight)})
+
+
+def soft_share(value: torch.Tensor, weights: Sequence[float] | torch.Tensor) -> Share:
+    """``value`` counted in every group g with weight ``weights[g]`` (zero weights dropped):
+    FedSoft's importance-weighted cluster sums, HDC-FL's π_kg·n_k prototypes."""
+    return Share(value, {g: float(w) for g, w in enumerate(weights) if float(w) != 0.0})
 
 
 @dataclass
 class Uploads:
-    """The uploads of one round: per-client tensors stacked per key in ascending client order,
-    and the n_k-weighted means of the keys the method declares ``averaged`` (reduced on the
-    workers, so those never exist per client on the server)."""
+    """What the server receives in one round (or the setup phase), in ascending client order.
+
+    ``tensors[key]`` stacks the per-client uploads of ``key`` from the clients in
+    ``senders[key]`` (default: all of ``client_ids``; a client that did not upload ``key`` has
+    no row). ``sums[key][g]`` and
+    ``weights[key][g]`` are the workers' reductions of the ``Share`` uploads: float64 sums, so
+    the result does not depend on how clients were spread over workers.
+    """
 
     client_ids: np.ndarray
     n_train: torch.Tensor
     tensors: Tensors = field(default_factory=dict)
-    means: Tensors = field(default_factory=dict)
+    senders: dict[str, np.ndarray] = field(default_factory=dict)
+    sums: dict[str, dict[int, torch.Tensor]] = field(default_factory=dict)
+    weights: dict[str, dict[int, float]] = field(default_factory=dict)
 
-    def mean(self, key: str) -> torch.Tensor:
-        """Σ_k n_k v_k / Σ_k n_k over this round's uploads of ``key``."""
-        if key in self.means:
-            return self.means[key]
-        return weighted_mean(self.tensors[key], self.n_train)
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.sums
+
+    def groups(self, key: str) -> list[int]:
+        """Groups that received at least one share of ``key`` this round."""
+        return sorted(self.sums.get(key, {}))
+
+    def weight(self, key: str, group: int = 0) -> float:
+        return self.weights.get(key, {}).get(group, 0.0)
+
+    def mean(self, key: str, group: int = 0) -> torch.Tensor:
+        """Σ w v / Σ w over the shares of ``key`` in ``group``; for a stacked key, the n_k-weighted
+        mean over the clients that sent it."""
+        if key in self.sums:
+            if group not in self.sums[key]:
+                raise KeyError(f"no client uploaded {key!r} for group {group} this round")
+            return (self.sums[key][group] / self.weights[key][group]).float()
+        rows = np.searchsorted(self.client_ids, self.senders.get(key, self.client_ids))
+        return weighted_mean(self.tensors[key], self.n_train[torch.as_tensor(rows)])
 
 
 @dataclass
 class ClientUpdate:
-    upload: Tensors
-    personal: Any
-    fit: FitResult
+    """A client's upload and its new personal state. Its losses are not reported here: the
+    trainer logs every fit and gradient the update runs, and the runtime checks them all."""
+
+    upload: dict[str, torch.Tensor | Share]
+    personal: Any = None
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -72,21 +136,38 @@ class Method:
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
     personal_state: ClassVar[bool] = False
-    """True when clients keep resident state (a private head, a personal model) across rounds."""
+    """True when clients keep resident state (a private head, a personal model) across rounds.
+    It lives in the hosting worker's CPU memory and visits the device only while its client
+    trains or is evaluated."""
     shared_deployable: ClassVar[bool] = False
     """True when every client is evaluated with the same broadcast model (one pass per shard)."""
     averaged: ClassVar[frozenset[str]] = frozenset()
-    """Upload keys the server reads only through ``Uploads.mean``. A worker sums n_k·v_k over its
-    clients and returns one vector per key instead of one per client: the round's return message
-    and the server's memory stop growing with participants. Bytes up still count per client."""
+    """Upload keys sent as plain tensors but read only through ``Uploads.mean``: each is a
+    ``share`` of weight n_k in group 0. The round's return message and the server's memory stop
+    growing with participants; bytes up still count per client."""
+    deployables: ClassVar[tuple[str, ...]] = ("main",)
+    """Names of the models a client is evaluated with (clients-table column ``deployable``).
+    The first is the method's reported model (``acc_*``); others get an ``_<name>`` suffix."""
+    requires: ClassVar[frozenset[str]] = frozenset()
+    """What the scenario must provide: ``tasks`` (a multi-task dataset), ``groups`` (latent
+    group labels, for oracles). Checked before anything starts."""
 
     def __init__(self, params: MethodParams, ctx: MethodContext):
         self.params = params
         self.ctx = ctx
 
+    @property
+    def has_setup(self) -> bool:
+        """Whether the method runs a one-shot setup phase (it overrides ``setup``)."""
+        return type(self).setup is not Method.setup
+
     # ---- server half ---------------------------------------------------------------------
     def server_init(self, init: torch.Tensor) -> dict[str, Any]:
         raise NotImplementedError
+
+    def server_setup(self, state: dict[str, Any], uploads: Uploads) -> dict[str, Any]:
+        """Server state after the setup phase's uploads (every client's, once, before round 1)."""
+        return state
 
     def select(self, state: dict[str, Any], rnd: int, rng: np.random.Generator) -> np.ndarray:
         """Uniform sampling without replacement from the round's participation stream."""
@@ -109,6 +190,11 @@ class Method:
     def client_init(self, cid: int, init: torch.Tensor) -> Any:
         return None
 
+    def setup(self, trainer: LocalTrainer, data: ClientData, seed: int) -> dict[str, Any]:
+        """The one-shot upload computed from a client's own training data before round 1
+        (PACFL's subspace bases, FedDisco's label histograms); counted in bytes like any."""
+        return {}
+
     def local_update(self, trainer: LocalTrainer, payload: Tensors, personal: Any,
                      data: ClientData, seed: int, extra: Any) -> ClientUpdate:
         raise NotImplementedError
@@ -118,10 +204,21 @@ class Method:
         raise NotImplementedError
 
     def evaluate(self, trainer: LocalTrainer, payload: Tensors, personal: Any, data: ClientData,
-                 extra: Any) -> list[dict[str, Any]]:
-        """Clients-table rows for one client: accuracy and loss of its deployable model."""
+                 extra: Any, *, rnd: int, seed: int) -> list[dict[str, Any]]:
+        """Clients-table rows for one client on ``data``'s evaluation split (``x_test``):
+        one row per task and deployable. ``seed`` (of this client, round and split) seeds any
+        randomness, e.g. FedBABU's fine-tuning; nothing done here persists."""
         trainer.load(self.deployable(payload, personal, extra))
         return [score(trainer.predict(data.x_test), data.y_test)]
+
+
+METHODS: Registry[type[Method]] = Registry("method")
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: make a method available to specs under its ``name``."""
+    METHODS.register(cls.name)(cls)
+    return cls
 
 
 def score(logits: torch.Tensor, y: torch.Tensor, task: str = "main") -> dict[str, Any]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, Method, MethodParams
+from raylf.methods.base import ClientUpdate, Method, MethodParams, register
 
 
+@register
 class FedAvg(Method):
     name = "fedavg"
     shared_deployable = True
@@ -23,8 +24,8 @@ class FedAvg(Method):
 
     def local_update(self, trainer, payload, personal, data, seed, extra):
         trainer.load(payload["model"])
-        fit = trainer.fit(data.x_train, data.y_train, seed=seed, prox=self.anchor(payload))
-        return ClientUpdate({"model": trainer.vector()}, None, fit)
+        trainer.fit(data.x_train, data.y_train, seed=seed, prox=self.anchor(payload))
+        return ClientUpdate({"model": trainer.vector()})
 
     def anchor(self, payload):
         return None
@@ -37,6 +38,7 @@ class FedProxParams(MethodParams):
     mu: float = Field(0.01, ge=0, description="proximal strength towards the received model")
 
 
+@register
 class FedProx(FedAvg):
     """FedAvg whose local objective adds (mu/2)·‖w − w_t‖² with w_t frozen at download."""
 

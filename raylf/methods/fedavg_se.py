@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from raylf.methods.base import ClientUpdate, Method
+from raylf.methods.base import ClientUpdate, Method, register
 
 
+@register
 class FedAvgSE(Method):
     name = "fedavg_se"
     personal_state = True
@@ -27,8 +28,8 @@ class FedAvgSE(Method):
     def local_update(self, trainer, payload, personal, data, seed, extra):
         trainer.load(payload["encoder"], "encoder")
         trainer.load(personal, "head")
-        fit = trainer.fit(data.x_train, data.y_train, seed=seed)
-        return ClientUpdate({"encoder": trainer.vector("encoder")}, trainer.vector("head"), fit)
+        trainer.fit(data.x_train, data.y_train, seed=seed)
+        return ClientUpdate({"encoder": trainer.vector("encoder")}, trainer.vector("head"))
 
     def deployable(self, payload, personal, extra):
         return torch.cat([payload["encoder"], personal])

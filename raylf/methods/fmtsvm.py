@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from raylf.config import SpecError
-from raylf.methods.base import ClientUpdate, Method, MethodParams
+from raylf.errors import SpecError
+from raylf.methods.base import ClientUpdate, Method, MethodParams, register
 from raylf.methods.fedavg import FedAvg
 from raylf.models import SplitModel
 from raylf.privacy import DPParams, privatize, round_report
@@ -196,6 +196,7 @@ class MultiTask(Method):
 
     Params = MultiTaskParams
     kind: HeadKind = SOFTMAX
+    requires = frozenset({"tasks"})
 
     @classmethod
     def build_model(cls, spec_model: Callable[[int], SplitModel], federation) -> SplitModel:
@@ -218,10 +219,11 @@ class MultiTask(Method):
         trainer.load(vector)
         return task_rows(self.kind, trainer.predict(data.x_test), data.tasks_test)
 
-    def evaluate(self, trainer, payload, personal, data, extra):
+    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
         return self.rows(trainer, self.deployable(payload, personal, extra), data)
 
 
+@register
 class FedPureCNN(MultiTask, FedAvg):
     """FedAvg of the whole CNN with softmax heads for both tasks (cross-entropy on each)."""
 
@@ -231,10 +233,11 @@ class FedPureCNN(MultiTask, FedAvg):
 
     def local_update(self, trainer, payload, personal, data, seed, extra):
         trainer.load(payload["model"])
-        fit = self.fit(trainer, data, seed)
-        return ClientUpdate({"model": trainer.vector()}, None, fit)
+        self.fit(trainer, data, seed)
+        return ClientUpdate({"model": trainer.vector()})
 
 
+@register
 class FedPureSVM(FedPureCNN):
     """The two SVM heads on flattened raw pixels; the model is the heads, FedAvg-ed."""
 
@@ -271,6 +274,7 @@ class FMTSVMParams(SVMParams):
         return self
 
 
+@register
 class FMTSVM(MultiTask):
     """Private encoders, shared SVM heads coupled by a learned task covariance Σ."""
 
@@ -279,6 +283,7 @@ class FMTSVM(MultiTask):
     kind = SVM
     personal_state = True
     averaged = frozenset({"encoder"})  # heads stay per client: Σ needs their spread
+    deployables = ("global_heads", "own_heads")  # the paper's model first
 
     # ---- server half ---------------------------------------------------------------------
     def server_init(self, init):
@@ -305,7 +310,7 @@ class FMTSVM(MultiTask):
         p = self.params
         sigma = task_covariance(self.weights(heads), p.eps_cov, p.sigma_norm == "trace")
         new = {"heads": uploads.mean("heads"), "sigma": sigma, "round": rnd}
-        if "encoder" in uploads.means:
+        if "encoder" in uploads:
             new["encoder"] = uploads.mean("encoder")
         diagnostics = {f"sigma_eig_{i}": float(v)
                        for i, v in enumerate(torch.linalg.eigvalsh(sigma))}
@@ -335,26 +340,26 @@ class FMTSVM(MultiTask):
             def penalty() -> torch.Tensor:
                 return p.lam * covariance_penalty(w, sigma_inv) + p.mu * (w - anchor).pow(2).sum()
 
-            fit = self.fit(trainer, data, seed, penalty=penalty)
+            self.fit(trainer, data, seed, penalty=penalty)
         else:
             shrink, pull = penalty_prox(sigma_inv, anchor, p.lam, p.mu, trainer.opt_cfg.lr)
-            fit = self.fit(trainer, data, seed, after_step=lambda: w.copy_(shrink @ w + pull))
+            self.fit(trainer, data, seed, after_step=lambda: w.copy_(shrink @ w + pull))
         own = {"encoder": trainer.vector("encoder"), "heads": trainer.vector("head")}
         upload = {"heads": own["heads"]}
         if p.dp.enabled:
             upload["heads"] = privatize(own["heads"], p.dp, derive(seed, "method"))
         if extra:
             upload["encoder"] = own["encoder"]
-        return ClientUpdate(upload, own, fit)
+        return ClientUpdate(upload, own)
 
     def deployable(self, payload, personal, extra):
         """Own encoder (or the freshly synced one) with the global heads: the paper's model."""
         return torch.cat([payload.get("encoder", personal["encoder"]), payload["heads"]])
 
-    def evaluate(self, trainer, payload, personal, data, extra):
-        rows = self.rows(trainer, self.deployable(payload, personal, extra), data)
+    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
+        """Rows per task for (own encoder, global heads) and for (own encoder, own heads)."""
+        shared = self.rows(trainer, self.deployable(payload, personal, extra), data)
         encoder = payload.get("encoder", personal["encoder"])
         own = self.rows(trainer, torch.cat([encoder, personal["heads"]]), data)
-        for row, mine in zip(rows, own):
-            row["accuracy_own"], row["auc_own"] = mine["accuracy"], mine["auc"]
-        return rows
+        return [row | {"deployable": name}
+                for name, rows in zip(self.deployables, (shared, own)) for row in rows]

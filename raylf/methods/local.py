@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from raylf.methods.base import ClientUpdate, Method
+from raylf.methods.base import ClientUpdate, Method, register
 
 
+@register
 class Local(Method):
     name = "local"
     personal_state = True
@@ -23,8 +24,8 @@ class Local(Method):
 
     def local_update(self, trainer, payload, personal, data, seed, extra):
         trainer.load(personal)
-        fit = trainer.fit(data.x_train, data.y_train, seed=seed)
-        return ClientUpdate({}, trainer.vector(), fit)
+        trainer.fit(data.x_train, data.y_train, seed=seed)
+        return ClientUpdate({}, trainer.vector())
 
     def deployable(self, payload, personal, extra):
         return personal

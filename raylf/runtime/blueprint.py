@@ -29,14 +29,18 @@ class Blueprint:
         # Ship the spec as plain data and re-validate on arrival (no pydantic internals pickled).
         return _rebuild, (self.spec.to_dict(), self.federation)
 
-    def build_model(self) -> SplitModel:
-        """The common initialization: every client and the server start from these weights.
+    def build_model(self, index: int | None = None) -> SplitModel:
+        """The common initialization (``index`` None): every client and the server start from
+        these weights; with an ``index``, the independently seeded model ``index`` (a cluster
+        model of IFCA or FedSoft).
 
         A method class may define ``build_model(spec_model, federation)`` to shape the model
         itself (a head per task, no encoder); ``spec_model(outputs)`` builds the spec's model
         with that many head outputs.
         """
-        torch.manual_seed(derive(self.spec.seed, "init"))
+        seed = derive(self.spec.seed, "init") if index is None else \
+            derive(self.spec.seed, "init", index)
+        torch.manual_seed(seed)
         fed = self.federation
 
         def spec_model(outputs: int) -> SplitModel:
@@ -50,14 +54,14 @@ class Blueprint:
     def layout(self) -> ParamLayout:
         return ParamLayout.of(self.build_model())
 
-    def initial_vector(self) -> torch.Tensor:
-        return model_vector(self.build_model(), self.layout)
+    def initial_vector(self, index: int | None = None) -> torch.Tensor:
+        return model_vector(self.build_model(index), self.layout)
 
     def context(self) -> MethodContext:
         fed, spec = self.federation, self.spec
         return MethodContext(self.layout, fed.num_clients, fed.n_train, fed.num_classes,
                              spec.federation.rounds, spec.federation.participants_per_round(),
-                             spec.seed)
+                             spec.seed, fed.groups, self.initial_vector)
 
     def method(self) -> Method:
         return build_method(self.spec.method.name, self.spec.method.hparams, self.context())

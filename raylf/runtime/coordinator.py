@@ -23,15 +23,17 @@ from raylf.training import tensor_bytes
 
 
 class Pool(Protocol):
+    def setup(self, work: dict[int, np.ndarray]) -> list[dict[str, Any]]: ...
+
     def train(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
               extras: dict[int, dict]) -> list[dict[str, Any]]: ...
 
     def evaluate(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
                  extras: dict[int, dict]) -> list[dict]: ...
 
-    def personal_states(self) -> list[dict]: ...
+    def save_personal(self, folder: str) -> None: ...
 
-    def load_personal_states(self, states: list[dict]) -> None: ...
+    def load_personal(self, folder: str) -> None: ...
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Coordinator:
         self.federation = blueprint.federation
         self.method = blueprint.method()
         self.state = self.method.server_init(blueprint.initial_vector())
+        self.set_up = not self.method.has_setup
         self.pool = pool
         self.homes = blueprint.shards()
         self.balanced = blueprint.replicated
@@ -69,6 +72,22 @@ class Coordinator:
         return {s: {int(c): extras[int(c)] for c in ids if int(c) in extras}
                 for s, ids in work.items()}
 
+    def setup(self) -> RoundOutcome | None:
+        """The one-shot setup phase (round 0 of the rounds table), if the method has one: every
+        client sends what ``setup`` computes from its own data, the server folds it in."""
+        if self.set_up:
+            return None
+        start = time.perf_counter()
+        everyone = np.arange(self.federation.num_clients)
+        work = {s: ids for s, ids in enumerate(self.homes) if len(ids)}
+        uploads, _, up_bytes, _, _ = self._gather(self.pool.setup(work))
+        self.state = self.method.server_setup(self.state, uploads)
+        self.set_up = True
+        record = {"round": 0, "participants": len(everyone), "participant_ids": [],
+                  "loss": math.nan, "bytes_up": int(up_bytes), "bytes_down": 0,
+                  "round_s": time.perf_counter() - start}
+        return RoundOutcome(record)
+
     def run_round(self, rnd: int) -> RoundOutcome:
         start = time.perf_counter()
         participants = self.method.select(
@@ -77,20 +96,20 @@ class Coordinator:
         work = self._split(participants)
         extras = self._extras_by_worker(work)
         results = self.pool.train(rnd, payload, work, extras)
-        uploads, losses, up_bytes, metrics = self._gather(results)
+        uploads, losses, up_bytes, metrics, diverged = self._gather(results)
         down = tensor_bytes(payload) * len(participants)
         down += sum(tensor_bytes(shard) for shard in extras.values())
+        trained = losses[np.isfinite(losses)]
         record: dict[str, Any] = {
             "round": rnd,
             "participants": len(participants),
             "participant_ids": [int(c) for c in participants],
-            "loss": float(np.mean(losses)) if len(losses) else math.nan,
+            "loss": float(np.mean(trained)) if len(trained) else math.nan,
             "bytes_up": int(up_bytes),
             "bytes_down": int(down),
         }
         record.update(_mean_metrics(metrics))
-        limit = self.spec.federation.divergence_loss
-        if len(losses) < len(participants) or not np.all(np.isfinite(losses) & (losses <= limit)):
+        if diverged or len(losses) < len(participants):
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)
         self.state, diagnostics = self.method.aggregate(self.state, uploads, rnd)
@@ -101,7 +120,7 @@ class Coordinator:
         clients: list[dict[str, Any]] = []
         if rnd % self.spec.eval_every == 0 or rnd == self.spec.federation.rounds:
             clients = self.evaluate(rnd)
-            record.update(summarize(clients))
+            record.update(summarize(clients, self.method.deployables[0]))
         record["round_s"] = time.perf_counter() - start
         return RoundOutcome(record, clients)
 
@@ -109,33 +128,48 @@ class Coordinator:
         payload = self.method.broadcast(self.state, rnd + 1)
         work = dict(enumerate(self.homes))
         rows = self.pool.evaluate(rnd, payload, work, self._extras_by_worker(work))
-        n_test = self.federation.n_test
-        for row in rows:
-            row.setdefault("n_test", int(n_test[row["client_id"]]))
-        return sorted(rows, key=lambda r: (r["client_id"], r["task"]))
+        return sorted(rows, key=lambda r: (r["split"], r["client_id"], r["deployable"],
+                                           r["task"]))
 
     def _gather(self, results: list[dict[str, Any]]):
+        """Workers' messages → one ``Uploads`` in ascending client order, plus the round's
+        per-client losses, bytes up, metrics and whether any worker saw a diverging fit."""
         ids = np.concatenate([r["client_ids"] for r in results]) if results else np.zeros(0, int)
         order = np.argsort(ids, kind="stable")
         losses = np.concatenate([r["loss"] for r in results])[order] if results else np.zeros(0)
-        keys = {k for r in results for k in r["uploads"]}
-        tensors = {k: torch.cat([r["uploads"][k] for r in results])[torch.as_tensor(order)]
-                   for k in keys}
+        tensors, senders = {}, {}
+        for key in sorted({k for r in results for k in r["uploads"]}):
+            parts = [r for r in results if key in r["uploads"]]
+            sent = np.concatenate([r["senders"][key] for r in parts])
+            rank = np.argsort(sent, kind="stable")
+            tensors[key] = torch.cat([r["uploads"][key] for r in parts])[torch.as_tensor(rank)]
+            senders[key] = sent[rank]
+        sums: dict[str, dict[int, torch.Tensor]] = {}
+        weights: dict[str, dict[int, float]] = {}
+        for r in results:  # float64 partial sums, added in worker order
+            for key, groups in r["sums"].items():
+                for group, total in groups.items():
+                    into, mass = sums.setdefault(key, {}), weights.setdefault(key, {})
+                    into[group] = into[group] + total if group in into else total
+                    mass[group] = mass.get(group, 0.0) + r["weights"][key][group]
         n = torch.as_tensor(self.federation.n_train[ids[order]], dtype=torch.float32)
-        # float64 partial sums: a float32 result independent of how clients were split
-        means = {k: (sum(r["sums"][k] for r in results if k in r["sums"]) / float(n.sum())).float()
-                 for k in {k for r in results for k in r["sums"]}}
         metrics = [m for r in results for m in r["metrics"]]
         up = sum(int(r["bytes_up"].sum()) for r in results)
-        return Uploads(ids[order], n, tensors, means), losses, up, metrics
+        diverged = any(r["diverged"] for r in results)
+        return Uploads(ids[order], n, tensors, senders, sums, weights), losses, up, metrics, \
+            diverged
 
     # ---- checkpointing -------------------------------------------------------------------
-    def checkpoint(self) -> dict[str, Any]:
-        return {"server": self.state, "personal": self.pool.personal_states()}
+    def checkpoint(self, folder: str) -> dict[str, Any]:
+        """Server state (returned) and personal state (each worker writes its own file under
+        ``folder``, a local path or URI)."""
+        self.pool.save_personal(folder)
+        return {"server": self.state, "set_up": self.set_up, "personal": folder}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         self.state = snapshot["server"]
-        self.pool.load_personal_states(snapshot["personal"])
+        self.set_up = snapshot["set_up"]
+        self.pool.load_personal(snapshot["personal"])
 
 
 def balance(client_ids: np.ndarray, sizes: np.ndarray, workers: int) -> dict[int, np.ndarray]:

@@ -11,6 +11,9 @@ class LocalPool:
     def __init__(self, shards: list[ClientShard]):
         self.shards = shards
 
+    def setup(self, work):
+        return [self.shards[s].setup(ids) for s, ids in sorted(work.items())]
+
     def train(self, rnd, payload, work, extras):
         return [self.shards[s].train(rnd, payload, ids, extras.get(s, {}))
                 for s, ids in sorted(work.items())]
@@ -19,12 +22,13 @@ class LocalPool:
         return [row for s, ids in sorted(work.items())
                 for row in self.shards[s].evaluate(rnd, payload, ids, extras.get(s, {}))]
 
-    def personal_states(self):
-        return [shard.personal_states() for shard in self.shards]
+    def save_personal(self, folder):
+        for shard in self.shards:
+            shard.save_personal(folder)
 
-    def load_personal_states(self, states):
-        for shard, state in zip(self.shards, states):
-            shard.load_personal_states(state)
+    def load_personal(self, folder):
+        for shard in self.shards:
+            shard.load_personal(folder)
 
 
 class LocalRuntime:
@@ -33,15 +37,19 @@ class LocalRuntime:
     name = "local"
 
     def __init__(self, blueprint: Blueprint):
-        shards = [ClientShard(blueprint, ids) for ids in blueprint.hosted()]
+        shards = [ClientShard(blueprint, ids, index=w)
+                  for w, ids in enumerate(blueprint.hosted())]
         self.coordinator = Coordinator(blueprint, LocalPool(shards))
 
     def run_round(self, rnd: int, then: int | None = None) -> RoundOutcome:
         """Round ``rnd``; ``then`` (the next round, for overlapping backends) is ignored."""
         return self.coordinator.run_round(rnd)
 
-    def checkpoint(self):
-        return self.coordinator.checkpoint()
+    def setup(self) -> RoundOutcome | None:
+        return self.coordinator.setup()
+
+    def checkpoint(self, folder: str):
+        return self.coordinator.checkpoint(folder)
 
     def restore(self, snapshot) -> None:
         self.coordinator.restore(snapshot)

@@ -8,17 +8,21 @@ trial function, then the coordinator, then one bundle per worker).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import ray
 import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raylf.config import ResourceSpec, SpecError
+from raylf.config import ResourceSpec
+from raylf.errors import SpecError
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
 from raylf.runtime.shard import ClientShard
 from raylf.training import tensor_bytes
+from raylf.tree import map_leaves
 
 PLACEMENT_TIMEOUT_S = 60.0
 # A broadcast below this size travels inline in each task (Ray inlines small arguments); a
@@ -59,24 +63,32 @@ def check_fits(resources: ResourceSpec, workers: int) -> None:
         raise SpecError(problems)
 
 
-def as_arrays(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """Tensors as NumPy arrays for the wire: Ray serializes those natively (a pickled torch
-    tensor costs about a millisecond more per message, measured here for a 19 KB model)."""
-    return {k: v.numpy() for k, v in tensors.items()}
+def as_arrays(message: Any) -> Any:
+    """Tensors as NumPy arrays for the wire, anywhere in a nested message: Ray serializes those
+    natively (a pickled torch tensor costs about a millisecond more per message, measured here
+    for a 19 KB model)."""
+    return map_leaves(message, lambda t: t.numpy(), torch.Tensor)
 
 
-def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+def as_tensors(message: Any) -> Any:
     """Back to tensors; arrays Ray hands out read-only (zero-copy) are copied once."""
-    return {k: torch.from_numpy(v if v.flags.writeable else v.copy()) for k, v in arrays.items()}
+    return map_leaves(message, lambda a: torch.from_numpy(a if a.flags.writeable else a.copy()),
+                      np.ndarray)
+
+
+_TENSOR_PARTS = ("uploads", "sums")  # the parts of a worker's result that carry tensors
 
 
 def convert_uploads(result: dict, convert) -> dict:
-    """A worker's train result with its tensor parts (stacked uploads, sums) converted."""
-    return result | {"uploads": convert(result["uploads"]), "sums": convert(result["sums"])}
+    """A worker's result with its tensor parts (stacked uploads, sums) converted."""
+    return result | {part: convert(result[part]) for part in _TENSOR_PARTS}
 
 
 class RayShard(ClientShard):
     """A ClientShard whose tensor messages travel as NumPy arrays."""
+
+    def setup(self, client_ids):
+        return convert_uploads(super().setup(client_ids), as_arrays)
 
     def train(self, rnd, payload, client_ids, extras):
         return convert_uploads(super().train(rnd, as_tensors(payload), client_ids, extras),
@@ -104,6 +116,10 @@ class RayPool:
             return ray.put(arrays)
         return arrays
 
+    def setup(self, work):
+        results = self._get([self.actors[s].setup.remote(ids) for s, ids in sorted(work.items())])
+        return [convert_uploads(r, as_tensors) for r in results]
+
     def train(self, rnd, payload, work, extras):
         ref = self._broadcast(payload, len(work))
         results = self._get([self.actors[s].train.remote(rnd, ref, ids, extras.get(s, {}))
@@ -116,11 +132,11 @@ class RayPool:
                            for s, ids in sorted(work.items())])
         return [row for part in parts for row in part]
 
-    def personal_states(self):
-        return self._get([a.personal_states.remote() for a in self.actors])
+    def save_personal(self, folder):
+        self._get([a.save_personal.remote(folder) for a in self.actors])
 
-    def load_personal_states(self, states):
-        self._get([a.load_personal_states.remote(s) for a, s in zip(self.actors, states)])
+    def load_personal(self, folder):
+        self._get([a.load_personal.remote(folder) for a in self.actors])
 
 
 class RayRuntime:
@@ -156,7 +172,7 @@ class RayRuntime:
             shard_actor.options(
                 num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker,
                 scheduling_strategy=on_bundle(1 + w), name=f"{label}/worker-{w}",
-            ).remote(blueprint, ids, res.threads_per_worker())
+            ).remote(blueprint, ids, res.threads_per_worker(), w)
             for w, ids in enumerate(blueprint.hosted())
         ]
         self._queued: dict[int, ray.ObjectRef] = {}
@@ -175,8 +191,11 @@ class RayRuntime:
             self._queued[then] = self.coordinator.run_round.remote(then)
         return ray.get(ref, timeout=self.timeout_s)
 
-    def checkpoint(self):
-        return ray.get(self.coordinator.checkpoint.remote(), timeout=self.timeout_s)
+    def setup(self) -> RoundOutcome | None:
+        return ray.get(self.coordinator.setup.remote(), timeout=self.timeout_s)
+
+    def checkpoint(self, folder: str):
+        return ray.get(self.coordinator.checkpoint.remote(folder), timeout=self.timeout_s)
 
     def restore(self, snapshot) -> None:
         ray.get(self.coordinator.restore.remote(snapshot), timeout=self.timeout_s)

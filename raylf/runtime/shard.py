@@ -1,27 +1,86 @@
 """A client worker's logic: hosts a shard of virtual clients and runs their client half.
 
-The data, the personal state and one reusable model stay resident here for the whole
-experiment; a round only moves the broadcast in and the stacked uploads out.
+The data and one reusable model stay resident on the worker's device for the whole experiment;
+personal state stays in the worker's CPU memory and visits the device only while its client
+trains or is evaluated. A round moves the broadcast in and the uploads out: per-client tensors
+stacked per key, shares already summed per key and group.
 """
 
 from __future__ import annotations
 
+import io
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 import torch
 
-from raylf.methods.base import score
+from raylf.methods.base import Share, score
+from raylf.results import filesystem
 from raylf.runtime.blueprint import Blueprint, pick_device
 from raylf.seeding import derive
 from raylf.training import tensor_bytes
+from raylf.tree import map_leaves
+
+SPLITS = ("test", "val")
+
+
+def upload_bytes(upload: dict[str, Any]) -> int:
+    """Bytes a client sends: each tensor's size; a share adds 8 bytes per (group, weight) pair
+    it names (a key in ``averaged`` is weighted by n_k, which the server already knows)."""
+    total = 0
+    for value in upload.values():
+        if isinstance(value, Share):
+            total += tensor_bytes(value.value) + 8 * len(value.weights)
+        else:
+            total += tensor_bytes(value)
+    return total
+
+
+class Reduction:
+    """Uploads of one worker's clients: plain tensors stacked per key (with their senders),
+    shares summed per key and group in float64 (the same sum however clients are split)."""
+
+    def __init__(self, averaged: frozenset[str], n_train: np.ndarray):
+        self.averaged, self.n_train = averaged, n_train
+        self.stacked: dict[str, list[torch.Tensor]] = {}
+        self.senders: dict[str, list[int]] = {}
+        self.sums: dict[str, dict[int, torch.Tensor]] = {}
+        self.weights: dict[str, dict[int, float]] = {}
+
+    def add(self, cid: int, upload: dict[str, Any]) -> None:
+        for key, value in upload.items():
+            if isinstance(value, Share):
+                terms, vector = value.weights, value.value
+            elif key in self.averaged:
+                terms, vector = {0: float(self.n_train[cid])}, value
+            else:
+                self.stacked.setdefault(key, []).append(value)
+                self.senders.setdefault(key, []).append(cid)
+                continue
+            sums, weights = self.sums.setdefault(key, {}), self.weights.setdefault(key, {})
+            for group, weight in terms.items():
+                term = weight * vector.double()
+                sums[group] = sums[group] + term if group in sums else term
+                weights[group] = weights.get(group, 0.0) + weight
+
+    def message(self) -> dict[str, Any]:
+        return {
+            "uploads": {k: torch.stack(v).cpu() for k, v in self.stacked.items()},
+            "senders": {k: np.asarray(v, dtype=np.int64) for k, v in self.senders.items()},
+            "sums": {k: {g: t.cpu() for g, t in groups.items()} for k, groups in self.sums.items()},
+            "weights": self.weights,
+        }
 
 
 class ClientShard:
-    def __init__(self, blueprint: Blueprint, client_ids: np.ndarray, threads: int | None = None):
+    def __init__(self, blueprint: Blueprint, client_ids: np.ndarray, threads: int | None = None,
+                 index: int = 0):
         if threads:
             torch.set_num_threads(threads)
+        self.index = index  # this worker's number: names its checkpoint file
         self.device = pick_device()
         self.seed = blueprint.spec.seed
         self.divergence_loss = blueprint.spec.federation.divergence_loss
@@ -29,98 +88,139 @@ class ClientShard:
         self.trainer = blueprint.trainer(self.device)
         self.data = blueprint.federation.shard(client_ids, self.device)
         self.n_train = blueprint.federation.n_train
-        init = blueprint.initial_vector().to(self.device)
+        self.splits = SPLITS if blueprint.federation.has_val else SPLITS[:1]
         self.personal: dict[int, Any] = {}
         if self.method.personal_state:
+            init = blueprint.initial_vector()
             self.personal = {int(c): self.method.client_init(int(c), init) for c in client_ids}
 
-    def _to_device(self, payload: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device) for k, v in payload.items()}
+    def _to_device(self, tree: Any) -> Any:
+        return map_leaves(tree, lambda t: t.to(self.device, non_blocking=True), torch.Tensor)
+
+    def _run_clients(self, client_ids: np.ndarray,
+                     step: Callable[[int], tuple[dict[str, Any], Any, dict]]) -> dict[str, Any]:
+        """``step(cid)`` → (upload, personal, metrics) for each client in turn, reduced. Every fit
+        and gradient a step runs is checked: a non-finite loss or one above
+        ``federation.divergence_loss`` stops the shard there (the experiment ends as diverged)."""
+        reduction = Reduction(self.method.averaged, self.n_train)
+        losses, up_bytes, metrics, diverged = [], [], [], False
+        for cid in map(int, client_ids):
+            self.trainer.fits.clear()
+            upload, personal, client_metrics = step(cid)
+            if self.method.personal_state:
+                self.personal[cid] = map_leaves(personal, lambda t: t.cpu(), torch.Tensor)
+            reduction.add(cid, upload)
+            fits = self.trainer.fits
+            losses.append(fits[-1].loss if fits else math.nan)
+            up_bytes.append(upload_bytes(upload))
+            metrics.append(client_metrics)
+            if any(not math.isfinite(f.loss) or f.loss > self.divergence_loss for f in fits):
+                diverged = True
+                break
+        return {
+            "client_ids": np.asarray(client_ids[: len(losses)], dtype=np.int64),
+            "loss": np.asarray(losses, dtype=np.float64),
+            "diverged": diverged,
+            "bytes_up": np.asarray(up_bytes, dtype=np.int64),
+            "metrics": metrics,
+            **reduction.message(),
+        }
+
+    def setup(self, client_ids: np.ndarray) -> dict[str, Any]:
+        """The one-shot setup uploads of ``client_ids`` (seeded as round 0, never a round)."""
+
+        def step(cid: int):
+            seed = derive(self.seed, "client", 0, cid)
+            return self.method.setup(self.trainer, self.data.client(cid), seed), \
+                self.personal.get(cid), {}
+
+        return self._run_clients(client_ids, step)
 
     def train(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
               extras: dict[int, Any]) -> dict[str, Any]:
-        """Local updates of ``client_ids`` (ascending); uploads come back stacked per key, the
-        method's ``averaged`` keys as one sum Σ n_k·v_k over these clients."""
+        """Local updates of ``client_ids`` (ascending)."""
         payload = self._to_device(payload)
-        uploads: dict[str, list[torch.Tensor]] = {}
-        sums: dict[str, torch.Tensor] = {}
-        losses, steps, up_bytes, metrics = [], [], [], []
-        for cid in map(int, client_ids):
+
+        def step(cid: int):
             update = self.method.local_update(
-                self.trainer, payload, self.personal.get(cid), self.data.client(cid),
-                derive(self.seed, "client", rnd, cid), extras.get(cid))
-            if self.method.personal_state:
-                self.personal[cid] = update.personal
-            for key, tensor in update.upload.items():
-                if key in self.method.averaged:  # float64: the same sum however it is split
-                    term = float(self.n_train[cid]) * tensor.double()
-                    sums[key] = sums[key] + term if key in sums else term
-                else:
-                    uploads.setdefault(key, []).append(tensor)
-            losses.append(update.fit.loss)
-            steps.append(update.fit.steps)
-            up_bytes.append(tensor_bytes(update.upload))
-            metrics.append(update.metrics)
-            if not math.isfinite(update.fit.loss) or update.fit.loss > self.divergence_loss:
-                break  # diverged: the coordinator stops the experiment at this round
-        done = np.asarray(client_ids[: len(losses)], dtype=np.int64)
-        return {
-            "client_ids": done,
-            "loss": np.asarray(losses, dtype=np.float64),
-            "steps": np.asarray(steps, dtype=np.int64),
-            "bytes_up": np.asarray(up_bytes, dtype=np.int64),
-            "metrics": metrics,
-            "uploads": {k: torch.stack(v).cpu() for k, v in uploads.items()},
-            "sums": {k: v.cpu() for k, v in sums.items()},
-        }
+                self.trainer, payload, self._to_device(self.personal.get(cid)),
+                self.data.client(cid), derive(self.seed, "client", rnd, cid), extras.get(cid))
+            return update.upload, update.personal, update.metrics
+
+        return self._run_clients(client_ids, step)
 
     def evaluate(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
                  extras: dict[int, Any]) -> list[dict[str, Any]]:
-        """``client_ids`` (a contiguous run of hosted clients), each on its own test split with
-        its deployable model."""
+        """``client_ids`` (a contiguous run of hosted clients), each with its deployable model(s)
+        on its own test split, and on its validation split when the scenario has one."""
         payload = self._to_device(payload)
         ids = [int(c) for c in client_ids]
         if not ids:
             return []
-        if self.method.shared_deployable:  # one forward pass over the whole block
-            self.trainer.load(self.method.deployable(payload, None, None))
-            block = self.data.test_rows(client_ids)
-            logits = self.trainer.predict(self.data.test.x[block])
-            y = self.data.test.y[block]
-            per_client = []
-            for c in ids:
-                rows = self.data.test.rows(self.data.position[c])
-                rows = slice(rows.start - block.start, rows.stop - block.start)
-                per_client.append([score(logits[rows], y[rows])])
-        else:
-            per_client = [self.method.evaluate(self.trainer, payload, self.personal.get(c),
-                                               self.data.client(c), extras.get(c)) for c in ids]
-        groups = self.data.groups
-        return [{"round": rnd, "client_id": c, "group": int(groups[self.data.position[c]]),
-                 "n_train": int(self.n_train[c]), **row}
-                for c, client_rows in zip(ids, per_client) for row in client_rows]
+        rows = []
+        for number, split in enumerate(self.splits):
+            if self.method.shared_deployable:
+                per_client = self._shared_rows(payload, client_ids, split)
+            else:
+                per_client = [self.method.evaluate(
+                    self.trainer, payload, self._to_device(self.personal.get(c)),
+                    self.data.client(c).evaluated_on(split), extras.get(c),
+                    rnd=rnd, seed=derive(self.seed, "evaluate", rnd, c, number)) for c in ids]
+            groups = self.data.groups
+            for c, client_rows in zip(ids, per_client):
+                for row in client_rows:
+                    rows.append({"round": rnd, "client_id": c,
+                                 "group": int(groups[self.data.position[c]]),
+                                 "n_train": int(self.n_train[c]), "split": split,
+                                 "deployable": self.method.deployables[0], **row})
+        return rows
 
-    def personal_states(self) -> dict[int, Any]:
-        return {c: _to_cpu(s) for c, s in self.personal.items()}
+    def _shared_rows(self, payload, client_ids: np.ndarray, split: str) -> list[list[dict]]:
+        """One forward pass over the whole block with the broadcast model, scored per client."""
+        self.trainer.load(self.method.deployable(payload, None, None))
+        data = self.data.split(split)
+        block = self.data.block_rows(client_ids, split)
+        logits = self.trainer.predict(data.x[block])
+        y = data.y[block]
+        per_client = []
+        for c in map(int, client_ids):
+            rows = data.rows(self.data.position[c])
+            rows = slice(rows.start - block.start, rows.stop - block.start)
+            per_client.append([score(logits[rows], y[rows])])
+        return per_client
 
-    def load_personal_states(self, states: dict[int, Any]) -> None:
-        for cid, state in states.items():
-            self.personal[int(cid)] = _to_device(state, self.device)
+    # ---- checkpoints of personal state -----------------------------------------------------
+    def save_personal(self, folder: str) -> None:
+        """Write this worker's personal states to ``folder`` (local path or URI) itself, so a
+        checkpoint never funnels every client's state through the coordinator."""
+        if not self.personal:
+            return
+        fs, path = filesystem(folder)
+        fs.create_dir(path, recursive=True)
+        buffer = io.BytesIO()
+        torch.save(self.personal, buffer)
+        tmp, final = f"{path}/.worker-{self.index}.tmp", f"{path}/worker-{self.index}.pt"
+        with fs.open_output_stream(tmp) as out:
+            out.write(buffer.getvalue())
+        fs.move(tmp, final)
 
-
-def _to_cpu(state: Any) -> Any:
-    return _map_tensors(state, lambda t: t.cpu())
-
-
-def _to_device(state: Any, device: torch.device) -> Any:
-    return _map_tensors(state, lambda t: t.to(device))
-
-
-def _map_tensors(state: Any, fn) -> Any:
-    if torch.is_tensor(state):
-        return fn(state)
-    if isinstance(state, dict):
-        return {k: _map_tensors(v, fn) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_map_tensors(v, fn) for v in state)
-    return state
+    def load_personal(self, folder: str) -> None:
+        """Take this worker's clients' states from every worker file in ``folder``."""
+        if not self.method.personal_state:
+            return
+        fs, path = filesystem(folder)
+        selector = pafs.FileSelector(path, allow_not_found=False)
+        found: set[int] = set()
+        for info in fs.get_file_info(selector):
+            if not (info.base_name.startswith("worker-") and info.base_name.endswith(".pt")):
+                continue
+            with fs.open_input_stream(info.path) as source:
+                states = torch.load(io.BytesIO(source.read()), weights_only=True)
+            for cid, state in states.items():
+                if int(cid) in self.personal:
+                    self.personal[int(cid)] = state
+                    found.add(int(cid))
+        missing = sorted(set(self.personal) - found)
+        if missing:
+            raise FileNotFoundError(f"checkpoint {folder} holds no personal state for clients "
+                                    f"{missing[:10]}{'…' if len(missing) > 10 else ''}")

@@ -1,0 +1,240 @@
+"""The dataset cache: where fetched datasets live, when one counts as complete, and fetching one.
+
+:func:`fetch` downloads a manifest's files into the cache, verifies them and unpacks archives;
+:func:`require` is what data sources call: it returns the dataset folder when a completed fetch is
+recorded there, and otherwise raises :class:`DatasetMissing` saying exactly how to get the data.
+
+Cache layout (``DIR`` = :func:`data_root`)::
+
+    DIR/<name>/<filename>          every downloaded file, verified (archives are kept)
+    DIR/<name>/<extract_to>/       what an archive unpacked to (default: filename minus suffix)
+    DIR/<name>/.complete           completion marker, JSON, written last
+    DIR/.<name>.lock               serializes concurrent fetches of one dataset
+
+The marker is written last, so its presence means "complete"; fetching a complete dataset again
+is a no-op that touches no network. Data without a published digest are refused unless the caller
+passes ``allow_unverified=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from raylf.data import atomic_files
+from raylf.data.download import check_digests, hash_file, obtain
+from raylf.data.extract import extract
+from raylf.data.manifest import DatasetError, Manifest, load_manifest
+
+try:  # POSIX only; on other platforms concurrent fetches are simply not serialized
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+MARKER = ".complete"
+MARKER_VERSION = 1
+ENV_VAR = "RAYLF_DATA"
+FETCH_COMMAND = "python -m raylf.datasets fetch"
+_TIMEOUT_S = 60.0
+
+
+class DatasetMissing(DatasetError):
+    """The dataset is not (completely) present in the cache; the message says how to fetch it."""
+
+
+def data_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """The cache root: ``root`` if given, else ``$RAYLF_DATA``, else ``$XDG_CACHE_HOME/raylf/data``
+    (``~/.cache/raylf/data`` when XDG_CACHE_HOME is unset or not absolute)."""
+    if root is not None and str(root) != "":
+        return Path(root).expanduser().absolute()
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        return Path(env).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return (base / "raylf" / "data").absolute()
+
+
+def is_complete(
+    name: str, root: str | os.PathLike[str] | None = None, manifest: Manifest | None = None
+) -> bool:
+    """True when ``name`` has a completion marker matching its manifest under the cache root."""
+    manifest = manifest or load_manifest(name)
+    return _marker_matches(data_root(root) / name, manifest)
+
+
+def require(
+    name: str, root: str | os.PathLike[str] | None = None, manifest: Manifest | None = None
+) -> Path:
+    """The dataset folder if a complete fetch is recorded there; else :class:`DatasetMissing`
+    with the fetch command and the files to place by hand."""
+    manifest = _resolve_manifest(name, manifest)
+    base = data_root(root)
+    folder = base / name
+    if _marker_matches(folder, manifest):
+        return folder
+    raise DatasetMissing(_missing_message(name, manifest, base, folder))
+
+
+def fetch(
+    name: str,
+    root: str | os.PathLike[str] | None = None,
+    manifest: Manifest | None = None,
+    *,
+    allow_unverified: bool = False,
+    force: bool = False,
+    timeout: float = _TIMEOUT_S,
+    progress: bool = False,
+) -> Path:
+    """Download, verify and unpack ``name`` into ``data_root(root)/name``; return that folder.
+
+    A dataset whose completion marker matches the manifest is returned at once (no network).
+    Files already present under their final name are verified and reused (manual placement,
+    resumed fetches). ``force`` discards the marker and re-verifies every file. Files without a
+    published digest are refused unless ``allow_unverified``.
+    """
+    manifest = _resolve_manifest(name, manifest)
+    base = data_root(root)
+    folder = base / name
+    if not force and _marker_matches(folder, manifest):
+        return folder
+
+    unverified = [f.filename for f in manifest.files if not f.verified]
+    if unverified and not allow_unverified:
+        raise DatasetError(
+            f"dataset {name!r}: no published digest for {', '.join(unverified)}, so a download "
+            f"cannot be verified; refusing. Add sha256/md5 to raylf/data/manifests/{name}.yaml "
+            f"from a source you trust, or accept the data unverified with allow_unverified=True "
+            f"(CLI: --allow-unverified)."
+            + (f" Note: {manifest.note.strip()}" if manifest.note else "")
+        )
+
+    base.mkdir(parents=True, exist_ok=True)
+    with _lock(base / f".{name}.lock"):
+        if not force and _marker_matches(folder, manifest):  # another process finished it
+            return folder
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_files.remove_leftovers(folder)
+        with contextlib.suppress(FileNotFoundError):
+            (folder / MARKER).unlink()  # from here on the dataset reads as absent
+        records = []
+        try:
+            for spec in manifest.files:
+                digests = obtain(spec, folder, timeout=timeout, progress=progress, force=force)
+                if spec.extract:
+                    extract(spec, folder)
+                records.append(
+                    {
+                        "filename": spec.filename,
+                        "url": spec.url,
+                        "size": (folder / spec.filename).stat().st_size,
+                        "verified": spec.verified,
+                        "extracted_to": spec.target,
+                        **digests,
+                    }
+                )
+        except BaseException:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only succeeds when nothing (verified) was kept
+            raise
+        marker = {
+            "version": MARKER_VERSION,
+            "name": name,
+            "verified": manifest.verified,
+            "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": records,
+        }
+        atomic_files.write_text(folder / MARKER, json.dumps(marker, indent=2) + "\n")
+    return folder
+
+
+def verify(
+    name: str, root: str | os.PathLike[str] | None = None, manifest: Manifest | None = None
+) -> Path:
+    """Re-hash every kept file of a fetched dataset against the manifest (slow, thorough)."""
+    folder = require(name, root, manifest)
+    manifest = _resolve_manifest(name, manifest)
+    for spec in manifest.files:
+        path = folder / spec.filename
+        if spec.verified:
+            check_digests(spec, hash_file(path, spec.digests), str(path))
+    return folder
+
+
+def _resolve_manifest(name: str, manifest: Manifest | None) -> Manifest:
+    if manifest is None:
+        return load_manifest(name)
+    if manifest.name != name:
+        raise DatasetError(f"manifest is for {manifest.name!r}, not {name!r}")
+    return manifest
+
+
+def _marker_matches(folder: Path, manifest: Manifest) -> bool:
+    """The marker exists, records every manifest file with the manifest's digests, and every
+    recorded path is still there."""
+    data = _read_marker(folder)
+    if data is None or data.get("name") != manifest.name:
+        return False
+    recorded = {f.get("filename"): f for f in data.get("files", []) if isinstance(f, dict)}
+    for spec in manifest.files:
+        entry = recorded.get(spec.filename)
+        if entry is None:
+            return False
+        for alg, hexd in spec.digests.items():
+            if entry.get(alg) != hexd:
+                return False
+        if not (folder / spec.filename).exists():
+            return False
+        if spec.target is not None and not (folder / spec.target).exists():
+            return False
+    return True
+
+
+def _read_marker(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _missing_message(name: str, manifest: Manifest, base: Path, folder: Path) -> str:
+    flag = "" if manifest.verified else " --allow-unverified"
+    lines = [
+        f"dataset {name!r} is not present under {base} (no valid completion marker "
+        f"{folder / MARKER}).",
+        "Fetch it with:",
+        f"    {FETCH_COMMAND} {name} --root {base}{flag}",
+        f"(or set {ENV_VAR}={base} and omit --root). Without internet access, place these files "
+        f"in {folder}/ and run the same command: it verifies them and skips their download:",
+    ]
+    for spec in manifest.files:
+        lines.append(f"    {spec.filename}  [{spec.describe_digest()}]  from {spec.url}")
+    if not manifest.verified:
+        lines.append(
+            "Some files have no published digest, so their content cannot be verified; "
+            "--allow-unverified accepts them as they are."
+        )
+    if manifest.note:
+        lines.append(f"Note: {manifest.note.strip()}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock so concurrent fetches of one dataset (several Ray workers on
+    one node) do not interleave. No-op where fcntl is unavailable."""
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)

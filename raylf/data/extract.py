@@ -1,0 +1,88 @@
+"""Unpacking a downloaded archive inside its dataset folder.
+
+The archive is unpacked into a temporary folder next to its target and renamed into place, so the
+target is either the complete tree or absent. Members with absolute or ``..`` paths, links and
+device files are refused; a broken archive is removed and raises :class:`DatasetError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import re
+import shutil
+import tarfile
+import zipfile
+import zlib
+from pathlib import Path, PurePosixPath
+
+from raylf.data import atomic_files
+from raylf.data.manifest import DatasetError, FileSpec, archive_suffix
+
+
+def extract(spec: FileSpec, folder: Path) -> None:
+    """Unpack ``folder/spec.filename`` to ``folder/spec.target`` (a folder; a file for ``.gz``)."""
+    archive = folder / spec.filename
+    target = folder / (spec.target or "")
+    suffix = archive_suffix(spec.filename)
+    tmp = atomic_files.extracting_dir(target)
+    try:
+        try:
+            if suffix in (".tar.gz", ".tgz", ".tar"):
+                _extract_tar(archive, tmp)
+                produced = tmp
+            elif suffix == ".zip":
+                _extract_zip(archive, tmp)
+                produced = tmp
+            else:  # .gz: a single compressed file
+                produced = tmp / "data"
+                with gzip.open(archive, "rb") as src, produced.open("wb") as dst:
+                    shutil.copyfileobj(src, dst, atomic_files.CHUNK)
+        except (
+            tarfile.TarError,
+            zipfile.BadZipFile,
+            gzip.BadGzipFile,
+            EOFError,
+            OSError,
+            ValueError,
+            zlib.error,
+        ) as exc:
+            with contextlib.suppress(FileNotFoundError):
+                archive.unlink()
+            raise DatasetError(
+                f"broken archive {spec.filename}: {type(exc).__name__}: {exc} "
+                f"(expected a valid {suffix} archive; the file was removed)"
+            ) from exc
+        atomic_files.replace(produced, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _safe_member(name: str) -> bool:
+    path = PurePosixPath(name.replace("\\", "/"))
+    return not path.is_absolute() and ".." not in path.parts and not re.match(r"^[A-Za-z]:", name)
+
+
+def _extract_tar(archive: Path, dest: Path) -> None:
+    with tarfile.open(archive, "r:*") as tf:
+        members = tf.getmembers()
+        for m in members:
+            if not _safe_member(m.name):
+                raise ValueError(f"unsafe path in archive: {m.name!r}")
+            if m.issym() or m.islnk() or m.isdev():
+                raise ValueError(f"links and device files are not accepted: {m.name!r}")
+        if hasattr(tarfile, "data_filter"):
+            tf.extractall(dest, members=members, filter="data")
+        else:  # pragma: no cover - Python < 3.11.4
+            tf.extractall(dest, members=members)
+
+
+def _extract_zip(archive: Path, dest: Path) -> None:
+    with zipfile.ZipFile(archive) as zf:
+        bad = zf.testzip()
+        if bad is not None:
+            raise zipfile.BadZipFile(f"CRC error in member {bad!r}")
+        for name in zf.namelist():
+            if not _safe_member(name):
+                raise ValueError(f"unsafe path in archive: {name!r}")
+        zf.extractall(dest)

@@ -1,0 +1,148 @@
+"""The contract every registered method must pass (the analogue of scikit-learn's
+``check_estimator``). A method joins this suite by being registered; what it needs from the
+scenario (``requires``) picks the tiny federation it runs on."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from raylf.config import validate
+from raylf.data import build_federation
+from raylf.experiment import run_experiment
+from raylf.methods import METHODS
+from raylf.runtime import Blueprint
+from raylf.runtime.local import LocalRuntime
+from raylf.runtime.shard import upload_bytes
+from raylf.training import tensor_bytes
+from tests.conftest import small_spec_dict
+
+NAMES = METHODS.names()
+TIMING = {"round_s", "wall_s", "trial_id"}
+
+
+def contract_spec(name: str, **changes):
+    """Six clients, mlp, half participation, a validation split; the data the method needs."""
+    requires = METHODS.get(name).requires
+    spec = small_spec_dict(method__name=name, federation__num_clients=6,
+                           federation__rounds=4, eval_every=2, model__hidden=[16],
+                           scenario__val_fraction=0.1)
+    if "tasks" in requires:
+        spec["dataset"] = {"name": "digits_multitask"}
+        spec["scenario"] = {"name": "multitask_dirichlet", "alpha": 0.5, "val_fraction": 0.1}
+    if "groups" in requires:
+        spec["scenario"] = {"name": "rotation", "groups": 2, "val_fraction": 0.1}
+    for dotted, value in changes.items():
+        node = spec
+        *parents, leaf = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return validate(spec)
+
+
+def local_runtime(spec) -> LocalRuntime:
+    return LocalRuntime(Blueprint(spec, build_federation(spec)))
+
+
+def without_timing(rows):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def personal_of(runtime: LocalRuntime) -> dict:
+    return {c: s for shard in runtime.coordinator.pool.shards for c, s in shard.personal.items()}
+
+
+def assert_same_tree(a, b):
+    if torch.is_tensor(a):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same_tree(a[k], b[k])
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_params_have_valid_defaults(name):
+    METHODS.get(name).Params()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_same_seed_gives_identical_tables(name):
+    first = run_experiment(contract_spec(name)).tables
+    second = run_experiment(contract_spec(name)).tables
+    assert first["trials"][0]["status"] == "ok", first["trials"][0]["error"]
+    for table in ("rounds", "clients"):
+        assert without_timing(first[table]) == without_timing(second[table])
+    splits = {r["split"] for r in first["clients"]}
+    assert splits == {"test", "val"}  # every client scored on both of its evaluation splits
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_backends_give_identical_client_accuracies(ray_cluster, name):
+    spec = contract_spec(name, federation__rounds=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a Ray worker's torch threads = its CPUs, here 1
+    try:
+        local = run_experiment(spec, backend="local").tables
+    finally:
+        torch.set_num_threads(threads)
+    remote = run_experiment(spec, backend="ray").tables
+    assert remote["trials"][0]["status"] == "ok", remote["trials"][0]["error"]
+
+    def client_results(tables):
+        return [(r["split"], r["client_id"], r["deployable"], r["task"], r["accuracy"])
+                for r in tables["clients"]]
+
+    assert client_results(remote) == client_results(local)
+    assert [r["bytes_up"] for r in remote["rounds"]] == [r["bytes_up"] for r in local["rounds"]]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_participants_upload_the_same_keys_and_bytes_count_what_was_sent(name):
+    runtime = local_runtime(contract_spec(name))
+    coordinator = runtime.coordinator
+    sent: list[tuple[int, dict]] = []
+    for shard in coordinator.pool.shards:
+        def spy(*args, _real=shard.method.local_update, **kwargs):
+            update = _real(*args, **kwargs)
+            sent.append((args[3].cid, update.upload))
+            return update
+
+        shard.method.local_update = spy
+    for rnd in (1, 2):
+        sent.clear()
+        payload = coordinator.method.broadcast(coordinator.state, rnd)
+        outcome = runtime.run_round(rnd)
+        assert sorted(c for c, _ in sent) == outcome.record["participant_ids"]
+        assert len({tuple(sorted(u)) for _, u in sent}) == 1  # the same keys from everyone
+        assert outcome.record["bytes_up"] == sum(upload_bytes(u) for _, u in sent)
+        assert outcome.record["bytes_down"] >= tensor_bytes(payload) * len(sent)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpoint_and_restore_into_fresh_workers_equals_an_uninterrupted_run(name, tmp_path):
+    spec = contract_spec(name)
+    straight = local_runtime(spec)
+    straight.setup()
+    full = [straight.run_round(r) for r in (1, 2, 3, 4)]
+
+    first = local_runtime(spec)
+    first.setup()
+    head = [first.run_round(r) for r in (1, 2)]
+    snapshot = copy.deepcopy(first.checkpoint(str(tmp_path / "round-2")))
+    fresh = local_runtime(spec)  # new workers: nothing carried over but the snapshot
+    fresh.restore(snapshot)
+    assert fresh.setup() is None  # the setup phase is part of what was restored
+    tail = [fresh.run_round(r) for r in (3, 4)]
+
+    resumed = head + tail
+    assert without_timing([o.record for o in resumed]) == without_timing([o.record for o in full])
+    assert [o.clients for o in resumed] == [o.clients for o in full]
+    assert_same_tree(personal_of(fresh), personal_of(straight))
+    assert_same_tree(fresh.coordinator.state, straight.coordinator.state)
