@@ -1,8 +1,15 @@
 """The two halves every method implements, and the defaults most methods share.
 
 Server half (runs in the coordinator): ``server_init``, ``server_setup``, ``select``,
-``broadcast``, ``extras``, ``aggregate``. Client half (runs in a worker, once per virtual
-client): ``client_init``, ``setup``, ``local_update``, ``deployable``, ``evaluate``. Both are
+``broadcast``, ``extras``, ``aggregate``, ``collect`` / ``receive_reports``. Client half (runs in a
+worker, once per virtual client): ``client_init``, ``setup``, ``local_update``, ``report``,
+``deployable``, ``evaluate``.
+
+A round: ``select`` → ``broadcast`` (+ ``extras``) → ``local_update`` on each participant →
+``aggregate``; then, when ``collect`` returns a payload, every client (not only participants)
+sends a ``report`` and the server folds them in with ``receive_reports`` (HDC-FL's refresh,
+FedSoft's importance estimation); then evaluation. Before round 1, methods that define
+``setup`` get one upload from every client (round 0 of the rounds table). Both are
 plain functions of tensors and dicts; nothing here imports Ray, so a method is unit-testable on
 its own and runs unchanged on every backend.
 
@@ -186,6 +193,16 @@ class Method:
         """New server state and this round's diagnostics (rounds-table columns)."""
         raise NotImplementedError
 
+    def collect(self, state: dict[str, Any], rnd: int) -> Tensors | None:
+        """After round ``rnd``'s aggregation: None (the default), or the payload every client
+        receives to compute its ``report`` (``extras`` adds per-client messages)."""
+        return None
+
+    def receive_reports(self, state: dict[str, Any], uploads: Uploads,
+                        rnd: int) -> tuple[dict[str, Any], dict[str, float]]:
+        """New server state from every client's report, and diagnostics for round ``rnd``."""
+        return state, {}
+
     # ---- client half ---------------------------------------------------------------------
     def client_init(self, cid: int, init: torch.Tensor) -> Any:
         return None
@@ -197,6 +214,12 @@ class Method:
 
     def local_update(self, trainer: LocalTrainer, payload: Tensors, personal: Any,
                      data: ClientData, seed: int, extra: Any) -> ClientUpdate:
+        raise NotImplementedError
+
+    def report(self, trainer: LocalTrainer, payload: Tensors, personal: Any, data: ClientData,
+               seed: int, extra: Any) -> ClientUpdate:
+        """What a client sends when the server collects (its upload may hold shares), and its
+        personal state afterwards (FedSoft keeps the importance weights it estimated)."""
         raise NotImplementedError
 
     def deployable(self, payload: Tensors, personal: Any, extra: Any) -> torch.Tensor:

@@ -28,6 +28,9 @@ class Pool(Protocol):
     def train(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
               extras: dict[int, dict]) -> list[dict[str, Any]]: ...
 
+    def collect(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
+                extras: dict[int, dict]) -> list[dict[str, Any]]: ...
+
     def evaluate(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
                  extras: dict[int, dict]) -> list[dict]: ...
 
@@ -114,7 +117,10 @@ class Coordinator:
             return RoundOutcome(record, diverged=True)
         self.state, diagnostics = self.method.aggregate(self.state, uploads, rnd)
         record.update(diagnostics)
-        if not _finite(self.state):
+        request = self.method.collect(self.state, rnd)
+        if request is not None and _finite(self.state):
+            diverged = self._collect(rnd, request, record)
+        if diverged or not _finite(self.state):
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)
         clients: list[dict[str, Any]] = []
@@ -123,6 +129,21 @@ class Coordinator:
             record.update(summarize(clients, self.method.deployables[0]))
         record["round_s"] = time.perf_counter() - start
         return RoundOutcome(record, clients)
+
+    def _collect(self, rnd: int, payload: dict, record: dict[str, Any]) -> bool:
+        """Every client's report on ``payload``, folded into the server state; its bytes join
+        the round's. Returns whether a report's fit diverged."""
+        work = {s: ids for s, ids in enumerate(self.homes) if len(ids)}
+        extras = self._extras_by_worker(work)
+        uploads, _, up_bytes, _, diverged = self._gather(
+            self.pool.collect(rnd, payload, work, extras))
+        record["bytes_up"] += int(up_bytes)
+        record["bytes_down"] += tensor_bytes(payload) * self.federation.num_clients + \
+            sum(tensor_bytes(shard) for shard in extras.values())
+        if not diverged:
+            self.state, diagnostics = self.method.receive_reports(self.state, uploads, rnd)
+            record.update(diagnostics)
+        return diverged
 
     def evaluate(self, rnd: int) -> list[dict[str, Any]]:
         payload = self.method.broadcast(self.state, rnd + 1)

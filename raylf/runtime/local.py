@@ -18,6 +18,10 @@ class LocalPool:
         return [self.shards[s].train(rnd, payload, ids, extras.get(s, {}))
                 for s, ids in sorted(work.items())]
 
+    def collect(self, rnd, payload, work, extras):
+        return [self.shards[s].collect(rnd, payload, ids, extras.get(s, {}))
+                for s, ids in sorted(work.items())]
+
     def evaluate(self, rnd, payload, work, extras):
         return [row for s, ids in sorted(work.items())
                 for row in self.shards[s].evaluate(rnd, payload, ids, extras.get(s, {}))]

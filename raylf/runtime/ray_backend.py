@@ -94,6 +94,10 @@ class RayShard(ClientShard):
         return convert_uploads(super().train(rnd, as_tensors(payload), client_ids, extras),
                                as_arrays)
 
+    def collect(self, rnd, payload, client_ids, extras):
+        return convert_uploads(super().collect(rnd, as_tensors(payload), client_ids, extras),
+                               as_arrays)
+
     def evaluate(self, rnd, payload, client_ids, extras):
         return super().evaluate(rnd, as_tensors(payload), client_ids, extras)
 
@@ -123,6 +127,12 @@ class RayPool:
     def train(self, rnd, payload, work, extras):
         ref = self._broadcast(payload, len(work))
         results = self._get([self.actors[s].train.remote(rnd, ref, ids, extras.get(s, {}))
+                             for s, ids in sorted(work.items())])
+        return [convert_uploads(r, as_tensors) for r in results]
+
+    def collect(self, rnd, payload, work, extras):
+        ref = self._broadcast(payload, len(work))
+        results = self._get([self.actors[s].collect.remote(rnd, ref, ids, extras.get(s, {}))
                              for s, ids in sorted(work.items())])
         return [convert_uploads(r, as_tensors) for r in results]
 

@@ -149,6 +149,19 @@ class ClientShard:
 
         return self._run_clients(client_ids, step)
 
+    def collect(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
+                extras: dict[int, Any]) -> dict[str, Any]:
+        """Reports of ``client_ids`` after round ``rnd`` (seeded apart from their training)."""
+        payload = self._to_device(payload)
+
+        def step(cid: int):
+            update = self.method.report(
+                self.trainer, payload, self._to_device(self.personal.get(cid)),
+                self.data.client(cid), derive(self.seed, "client", rnd, cid, 1), extras.get(cid))
+            return update.upload, update.personal, update.metrics
+
+        return self._run_clients(client_ids, step)
+
     def evaluate(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
                  extras: dict[int, Any]) -> list[dict[str, Any]]:
         """``client_ids`` (a contiguous run of hosted clients), each with its deployable model(s)
