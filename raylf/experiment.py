@@ -37,6 +37,7 @@ class Progress:
     next_round: int = 1
     rounds: list[dict[str, Any]] = field(default_factory=list)
     clients: list[dict[str, Any]] = field(default_factory=list)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # method-defined
     wall_s: float = 0.0
 
 
@@ -100,6 +101,8 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
             outcome = runtime.run_round(rnd, then=None if due or rnd == last else rnd + 1)
             progress.rounds.append(outcome.record)
             progress.clients.extend(outcome.clients)
+            for name, rows in outcome.tables.items():
+                progress.tables.setdefault(name, []).extend(rows)
             progress.next_round = rnd + 1
             progress.wall_s = time.perf_counter() - started
             if outcome.diverged:
@@ -133,6 +136,8 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
                              progress, time.perf_counter() - started) | (extra or {})],
         "rounds": [{"trial_id": trial_id, **r} for r in progress.rounds],
         "clients": [{"trial_id": trial_id, **c} for c in progress.clients],
+        **{name: [{"trial_id": trial_id, **r} for r in rows]
+           for name, rows in progress.tables.items()},
     }
     result = ExperimentResult(trial_id, status, error, tables)
     if out is not None:

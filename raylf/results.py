@@ -97,14 +97,26 @@ def write_table(root: str | Path, table_name: str, trial_id: str, table: pa.Tabl
 
 def write_trial(root: str | Path, trial_id: str, tables: dict[str, list[dict[str, Any]]],
                 config: dict[str, Any]) -> dict[str, str]:
+    """The three tables, then any method-defined ones (written first: a trial is complete
+    once its trials row exists)."""
     meta = provenance(config)
+    order = [n for n in tables if n not in TABLES] + list(TABLES)
     return {name: write_table(root, name, trial_id, to_table(tables[name], meta))
-            for name in TABLES}
+            for name in order}
+
+
+def table_names(root: str | Path) -> list[str]:
+    """The three tables, then every method-defined table found under ``root``."""
+    fs, base = filesystem(root)
+    selector = pafs.FileSelector(f"{base}/tables", allow_not_found=True)
+    found = sorted(i.base_name for i in fs.get_file_info(selector)
+                   if i.type == pafs.FileType.Directory and i.base_name not in TABLES)
+    return [*TABLES, *found]
 
 
 def delete_trial(root: str | Path, trial_id: str) -> None:
     fs, base = filesystem(root)
-    for name in TABLES:
+    for name in table_names(root):
         path = f"{base}/tables/{name}/{trial_id}.parquet"
         if fs.get_file_info(path).type == pafs.FileType.File:
             fs.delete_file(path)
@@ -133,9 +145,10 @@ def read_table(root: str | Path, table_name: str) -> pa.Table | None:
 
 
 def load(root: str | Path) -> dict[str, pd.DataFrame]:
-    """All result tables under ``root`` as pandas DataFrames keyed trials / rounds / clients."""
+    """All result tables under ``root`` as pandas DataFrames keyed trials / rounds / clients
+    (always present) and by the name of every method-defined table (SP-CACW's ``alpha``)."""
     out = {}
-    for name in TABLES:
+    for name in table_names(root):
         table = read_table(root, name)
         out[name] = table.to_pandas() if table is not None else pd.DataFrame()
     return out

@@ -203,6 +203,12 @@ class Method:
         """New server state from every client's report, and diagnostics for round ``rnd``."""
         return state, {}
 
+    def tables(self, state: dict[str, Any], rnd: int) -> dict[str, list[dict[str, Any]]]:
+        """Rows of method-defined tables after round ``rnd`` (SP-CACW's α per target), keyed by
+        table name; the runtime adds ``trial_id`` and ``round`` and writes
+        ``tables/<name>/<trial_id>.parquet`` beside the three standard tables."""
+        return {}
+
     # ---- client half ---------------------------------------------------------------------
     def client_init(self, cid: int, init: torch.Tensor) -> Any:
         return None

@@ -38,8 +38,10 @@ class Blueprint:
         itself (a head per task, no encoder); ``spec_model(outputs)`` builds the spec's model
         with that many head outputs.
         """
+        # (1, index), not (index,): a seed key's trailing zeros are ignored, so index 0
+        # would otherwise reproduce the common init
         seed = derive(self.spec.seed, "init") if index is None else \
-            derive(self.spec.seed, "init", index)
+            derive(self.spec.seed, "init", 1, index)
         torch.manual_seed(seed)
         fed = self.federation
 

@@ -44,6 +44,7 @@ class RoundOutcome:
     record: dict[str, Any]
     clients: list[dict[str, Any]] = field(default_factory=list)
     diverged: bool = False
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # method-defined
 
 
 class Coordinator:
@@ -127,8 +128,10 @@ class Coordinator:
         if rnd % self.spec.eval_every == 0 or rnd == self.spec.federation.rounds:
             clients = self.evaluate(rnd)
             record.update(summarize(clients, self.method.deployables[0]))
+        tables = {name: [{"round": rnd, **row} for row in rows]
+                  for name, rows in self.method.tables(self.state, rnd).items()}
         record["round_s"] = time.perf_counter() - start
-        return RoundOutcome(record, clients)
+        return RoundOutcome(record, clients, tables=tables)
 
     def _collect(self, rnd: int, payload: dict, record: dict[str, Any]) -> bool:
         """Every client's report on ``payload``, folded into the server state; its bytes join

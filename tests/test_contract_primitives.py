@@ -1,0 +1,276 @@
+"""The pieces of the method contract on their own: grouped shares, setup and collect phases,
+several seeded models, trainer primitives, divergence of any fit, worker-written checkpoints,
+validation splits and method-defined tables. Toy methods here exist only for these tests."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raylf import results
+from raylf.config import SpecError, validate
+from raylf.data import build_federation
+from raylf.experiment import run_experiment
+from raylf.methods import METHODS
+from raylf.methods.base import ClientUpdate, share
+from raylf.methods.fedavg_se import FedAvgSE
+from raylf.runtime import Blueprint
+from raylf.runtime.local import LocalRuntime
+from raylf.training import tensor_bytes
+from tests.conftest import small_spec_dict
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """Register a toy method for one test only (it must not join the contract suite)."""
+
+    def add(cls):
+        monkeypatch.setitem(METHODS._items, cls.name, cls)
+        return cls
+
+    return add
+
+
+def runtime_for(name: str, **changes) -> LocalRuntime:
+    spec = validate(small_spec_dict(method__name=name, **changes))
+    return LocalRuntime(Blueprint(spec, build_federation(spec)))
+
+
+class TwoGroups(FedAvgSE):
+    """Even clients train encoder model 0, odd ones model 1; odd clients also send a tag."""
+
+    name = "toy_two_groups"
+    averaged = frozenset()
+
+    def server_init(self, init):
+        encoder = init[self.ctx.layout.part("encoder")]
+        return {"encoders": torch.stack([encoder, encoder])}
+
+    def broadcast(self, state, rnd):
+        return {"encoders": state["encoders"]}
+
+    def aggregate(self, state, uploads, rnd):
+        encoders = state["encoders"].clone()
+        for group in uploads.groups("encoder"):
+            encoders[group] = uploads.mean("encoder", group)
+        return {"encoders": encoders, "last": uploads}, {}
+
+    def local_update(self, trainer, payload, personal, data, seed, extra):
+        trainer.load(payload["encoders"][data.cid % 2], "encoder")
+        trainer.load(personal, "head")
+        trainer.fit(data.x_train, data.y_train, seed=seed)
+        upload = {"encoder": share(trainer.vector("encoder"), data.n_train, data.cid % 2)}
+        if data.cid % 2:
+            upload["tag"] = torch.full((3,), float(data.cid))
+        return ClientUpdate(upload, trainer.vector("head"))
+
+    def deployable(self, payload, personal, extra):
+        return torch.cat([payload["encoders"][0], personal])
+
+
+def test_workers_send_one_sum_per_group_and_means_count_only_senders(toy):
+    toy(TwoGroups)
+    runtime = runtime_for("toy_two_groups", federation__participation=1.0)
+    pool = runtime.coordinator.pool
+    messages = []
+    train = pool.train
+    pool.train = lambda *a: messages.extend(train(*a)) or messages[-len(pool.shards):]
+    runtime.run_round(1)
+    size = runtime.coordinator.method.ctx.layout.part_size("encoder")
+    for message in messages:  # per worker: one vector per group, none per client
+        assert "encoder" not in message["uploads"]
+        assert all(v.shape == (size,) for v in message["sums"]["encoder"].values())
+        assert set(message["sums"]["encoder"]) == {0, 1}
+    uploads = runtime.coordinator.state["last"]
+    n = runtime.coordinator.federation.n_train
+    assert uploads.weight("encoder", 1) == float(n[1::2].sum())
+    assert list(uploads.senders["tag"]) == [1, 3, 5, 7]
+    expected = sum(n[c] * c for c in (1, 3, 5, 7)) / n[1::2].sum()
+    assert torch.allclose(uploads.mean("tag"), torch.full((3,), float(expected)))
+
+
+def test_grouped_sums_do_not_depend_on_how_clients_are_spread_over_workers(toy):
+    toy(TwoGroups)
+    states = []
+    for workers in (1, 2, 4):
+        runtime = runtime_for("toy_two_groups", resources__workers=workers)
+        runtime.run_round(1)
+        states.append(runtime.coordinator.state["encoders"])
+    assert all(torch.equal(states[0], s) for s in states[1:])
+
+
+class Histograms(FedAvgSE):
+    """Sends its label histogram once, in the setup phase."""
+
+    name = "toy_histograms"
+
+    def setup(self, trainer, data, seed):
+        return {"labels": torch.bincount(data.y_train, minlength=self.ctx.num_classes).float()}
+
+    def server_setup(self, state, uploads):
+        return state | {"histograms": uploads.tensors["labels"]}
+
+
+def test_setup_runs_once_before_round_one_and_is_counted(toy, tmp_path):
+    toy(Histograms)
+    spec = validate(small_spec_dict(method__name="toy_histograms"))
+    result = run_experiment(spec, out=str(tmp_path))
+    rounds = result.tables["rounds"]
+    assert [r["round"] for r in rounds][:2] == [0, 1]
+    histogram_bytes = tensor_bytes(torch.zeros(10))
+    assert rounds[0]["bytes_up"] == 8 * histogram_bytes
+    assert result.trial["bytes_up"] == sum(r["bytes_up"] for r in rounds)
+    runtime = runtime_for("toy_histograms")
+    runtime.setup()
+    fed = runtime.coordinator.federation
+    histograms = runtime.coordinator.state["histograms"]
+    assert histograms.shape == (8, 10)
+    assert histograms.sum(1).tolist() == [float(n) for n in fed.n_train]
+    assert runtime.setup() is None  # once only
+
+
+class Refresh(FedAvgSE):
+    """Every second round, every client reports its head norm as a share of group 0."""
+
+    name = "toy_refresh"
+
+    def collect(self, state, rnd):
+        return {} if rnd % 2 == 0 else None
+
+    def report(self, trainer, payload, personal, data, seed, extra):
+        return ClientUpdate({"norm": share(personal.norm()[None], 1.0)}, personal)
+
+    def receive_reports(self, state, uploads, rnd):
+        return state | {"mean_norm": uploads.mean("norm")}, {"reports": uploads.weight("norm")}
+
+
+def test_collect_asks_every_client_not_only_participants(toy):
+    toy(Refresh)
+    runtime = runtime_for("toy_refresh")
+    first, second = runtime.run_round(1), runtime.run_round(2)
+    assert "reports" not in first.record
+    assert second.record["reports"] == 8.0 and second.record["participants"] == 4
+    assert second.record["bytes_up"] == first.record["bytes_up"] + 8 * (4 + 8)
+
+
+def test_several_models_are_drawn_from_the_seed_through_the_model_factory():
+    spec = validate(small_spec_dict())
+    one, two = (Blueprint(spec, build_federation(spec)).context() for _ in range(2))
+    models = one.initial_models(3)
+    assert torch.equal(models, two.initial_models(3))
+    assert len({tuple(m[:5].tolist()) for m in models}) == 3
+    common = Blueprint(spec, build_federation(spec)).initial_vector()
+    assert not any(torch.equal(m, common) for m in models)
+
+
+class TwoFits(FedAvgSE):
+    """A second fit whose loss explodes, as Ditto's personal update could."""
+
+    name = "toy_two_fits"
+
+    def local_update(self, trainer, payload, personal, data, seed, extra):
+        update = super().local_update(trainer, payload, personal, data, seed, extra)
+        trainer.fit(data.x_train, data.y_train, seed=seed, epochs=1,
+                    loss_fn=lambda out, y: F.cross_entropy(out, y) * 1e9)
+        return update
+
+
+def test_divergence_of_any_fit_ends_the_run(toy):
+    toy(TwoFits)
+    result = run_experiment(validate(small_spec_dict(method__name="toy_two_fits")))
+    assert result.status == "diverged" and result.trial["diverged_round"] == 1
+
+
+def test_trainer_primitives(small_spec):
+    spec = small_spec()
+    bp = Blueprint(spec, build_federation(spec))
+    trainer = bp.trainer(torch.device("cpu"))
+    data = bp.federation.shard(np.arange(2), torch.device("cpu")).client(0)
+    trainer.load(bp.initial_vector())
+    logits = trainer.predict(data.x_train)
+    assert trainer.loss(data.x_train, data.y_train, chunk=7) == pytest.approx(
+        float(F.cross_entropy(logits, data.y_train)), rel=1e-6)
+    assert trainer.accuracy(data.x_test, data.y_test) == pytest.approx(
+        float((trainer.predict(data.x_test).argmax(1) == data.y_test).float().mean()))
+    before = trainer.vector()
+    x, y = data.x_train[:16], data.y_train[:16]
+    grad = trainer.gradient(x, y)
+    assert torch.equal(trainer.vector(), before)  # computing a gradient changes nothing
+    model = bp.build_model()
+    F.cross_entropy(model(x), y).backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    assert torch.allclose(grad, expected, atol=1e-6)
+    assert torch.equal(trainer.gradient(x, y, part="head"), grad[bp.layout.part("head")])
+    trainer.fits.clear()
+    fit = trainer.fit(data.x_train, data.y_train, seed=1, max_steps=3)
+    assert fit.steps == 3 and fit.samples == 3 * spec.federation.batch_size
+    many = trainer.fit(data.x_train, data.y_train, seed=1, max_steps=100)
+    per_epoch = math.ceil(data.n_train / spec.federation.batch_size)
+    assert many.steps == 100 and per_epoch < 100  # epochs continue up to max_steps
+    assert trainer.fits == [fit, many]
+
+
+def test_workers_write_personal_checkpoints_and_only_the_last_two_are_kept(small_spec, tmp_path):
+    spec = small_spec(federation__rounds=6)
+    taken = []
+    result = run_experiment(spec, out=str(tmp_path), checkpoint_every=2,
+                            on_round=lambda o, r, p, snapshot: taken.append(snapshot))
+    snapshots = [s for s in taken if s is not None]
+    assert [s["personal"].rsplit("-", 1)[1] for s in snapshots] == ["2", "4", "6"]
+    folder = tmp_path / "checkpoints" / result.trial_id
+    assert sorted(p.name for p in folder.iterdir()) == ["round-4", "round-6"]
+    assert sorted(p.name for p in (folder / "round-6").iterdir()) == ["worker-0.pt", "worker-1.pt"]
+    fresh = LocalRuntime(Blueprint(spec, build_federation(spec)))
+    fresh.restore(snapshots[-1])
+    heads = {c: h for s in fresh.coordinator.pool.shards for c, h in s.personal.items()}
+    assert len(heads) == 8
+
+
+def test_validation_split_is_carved_from_training_and_selects_the_best_round(small_spec):
+    plain = build_federation(small_spec())
+    spec = small_spec(scenario__val_fraction=0.2, federation__rounds=4, eval_every=1)
+    fed = build_federation(spec)
+    assert [list(t) for t in plain.test] == [list(t) for t in fed.test]
+    for c in range(fed.num_clients):
+        train, val, test = set(fed.train[c]), set(fed.val[c]), set(fed.test[c])
+        assert train | val == set(plain.train[c]) and not (train & val) and not (val & test)
+        total = len(fed.train[c]) + len(fed.val[c]) + len(fed.test[c])
+        assert len(val) == round(0.2 * total)
+    assert not plain.has_val
+    trial = run_experiment(spec).trial
+    rounds = run_experiment(spec).tables["rounds"]
+    best = max(rounds, key=lambda r: r["val_acc_mean"])
+    assert trial["best_val_round"] == best["round"]
+    assert trial["acc_mean_at_best_val"] == best["acc_mean"]
+
+
+class WithTable(FedAvgSE):
+    name = "toy_table"
+
+    def tables(self, state, rnd):
+        return {"encoder_norms": [{"norm": float(state["encoder"].norm())}]}
+
+
+def test_method_tables_are_written_beside_the_standard_ones(toy, small_spec, tmp_path):
+    toy(WithTable)
+    run_experiment(small_spec(method__name="toy_table"), out=str(tmp_path))
+    tables = results.load(tmp_path)
+    assert list(tables["encoder_norms"]["round"]) == [1, 2, 3, 4]
+    assert set(tables) == {"trials", "rounds", "clients", "encoder_norms"}
+
+
+class NeedsGroups(FedAvgSE):
+    name = "toy_needs_groups"
+    requires = frozenset({"groups"})
+
+
+def test_a_method_needing_latent_groups_is_refused_on_a_scenario_without_them(toy):
+    toy(NeedsGroups)
+    with pytest.raises(SpecError, match="latent group labels.*rotation"):
+        validate(small_spec_dict(method__name="toy_needs_groups",
+                                 scenario={"name": "dirichlet", "alpha": 0.5}))
+    validate(small_spec_dict(method__name="toy_needs_groups", scenario={"name": "rotation"}))
