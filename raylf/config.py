@@ -97,6 +97,17 @@ class ResourceSpec(Strict):
             raise ValueError("more than one GPU per worker must be a whole number")
         return v
 
+    cohort: Literal["auto", "off"] | int = Field(
+        "auto", description="clients a worker trains in lockstep (raylf.cohort): a number, off "
+                            "(one after another), or auto (sized from the device's free memory)")
+
+    @field_validator("cohort")
+    @classmethod
+    def _cohort_size(cls, v):
+        if isinstance(v, int) and v < 1:
+            raise ValueError("a cohort holds at least 1 client (or use off / auto)")
+        return v
+
     def threads_per_worker(self) -> int:
         return max(1, int(self.cpus_per_worker))
 
@@ -110,6 +121,26 @@ class ExperimentSpec(Strict):
     method: MethodSpec
     federation: FederationSpec
     eval_every: int = Field(1, ge=1)
+    eval_clients: Literal["all"] | int | float = Field(
+        "all", description="clients evaluated on evaluation rounds: all, a number, or a "
+                           "fraction in (0, 1] (a seeded sample each round; the last round "
+                           "always evaluates every client)")
+
+    @field_validator("eval_clients")
+    @classmethod
+    def _eval_clients(cls, v):
+        if isinstance(v, bool) or (isinstance(v, int) and v < 1) or \
+                (isinstance(v, float) and not 0 < v <= 1):
+            raise ValueError("give all, a number of clients ≥ 1, or a fraction in (0, 1]")
+        return v
+
+    def evaluated_per_round(self) -> int | None:
+        """How many clients a non-final evaluation round scores (None: all)."""
+        if self.eval_clients == "all":
+            return None
+        count = self.eval_clients if isinstance(self.eval_clients, int) else \
+            math.ceil(self.eval_clients * self.federation.num_clients)
+        return None if count >= self.federation.num_clients else count
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
 
     def to_dict(self) -> dict[str, Any]:

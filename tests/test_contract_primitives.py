@@ -274,3 +274,15 @@ def test_a_method_needing_latent_groups_is_refused_on_a_scenario_without_them(to
         validate(small_spec_dict(method__name="toy_needs_groups",
                                  scenario={"name": "dirichlet", "alpha": 0.5}))
     validate(small_spec_dict(method__name="toy_needs_groups", scenario={"name": "rotation"}))
+
+
+@pytest.mark.parametrize("setting, count", [(3, 3), (0.5, 4)])
+def test_eval_clients_scores_a_seeded_sample_and_everyone_at_the_end(small_spec, setting, count):
+    spec = small_spec(eval_every=1, eval_clients=setting, method__name="fedavg")
+    first, second = (run_experiment(spec).tables["clients"] for _ in range(2))
+    by_round = {r: sorted({row["client_id"] for row in first if row["round"] == r})
+                for r in (1, 2, 3, 4)}
+    assert [len(by_round[r]) for r in (1, 2, 3)] == [count] * 3
+    assert by_round[4] == list(range(8))
+    assert len({tuple(v) for v in by_round.values()}) > 1  # a new sample each round
+    assert first == second

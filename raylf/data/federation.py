@@ -181,14 +181,6 @@ class ShardData:
     def split(self, name: str) -> Split:
         return {"train": self.train, "test": self.test, "val": self.val}[name]
 
-    def block_rows(self, client_ids: np.ndarray, split: str = "test") -> slice:
-        """The rows of ``split`` of a contiguous run of hosted clients (a worker's home block)."""
-        first, last = self.position[int(client_ids[0])], self.position[int(client_ids[-1])]
-        if last - first + 1 != len(client_ids):
-            raise ValueError("block_rows needs clients stored next to each other")
-        offsets = self.split(split).offsets
-        return slice(int(offsets[first]), int(offsets[last + 1]))
-
     def client(self, cid: int) -> ClientData:
         p = self.position[cid]
         tr, te, va = self.train.rows(p), self.test.rows(p), self.val.rows(p)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from raylf.data.federation import ClientData
 from raylf.registry import Registry
-from raylf.training import LocalTrainer, ParamLayout, weighted_mean
+from raylf.training import PARTS, LocalTrainer, LossFn, ParamLayout, weighted_mean
 
 Tensors = dict[str, torch.Tensor]
 
@@ -130,6 +130,38 @@ class Uploads:
 
 
 @dataclass
+class FitPlan:
+    """A local update of the common shape, declared rather than run: start from ``start`` (the
+    flat vector assembled from what was received and the personal state), fit the ``trainable``
+    parts on the client's training data with an optional proximal pull ``mu``·(w − ``anchor``),
+    then turn the trained vector into the update with ``finish``. The runtime runs a plan
+    itself — one client at a time, or many in lockstep (cohort training) — so a method that
+    declares its update this way is cohort-trained without any cohort code of its own."""
+
+    start: torch.Tensor
+    finish: Callable[[torch.Tensor], ClientUpdate]
+    trainable: tuple[str, ...] = PARTS
+    anchor: torch.Tensor | None = None
+    mu: float = 0.0
+    loss_fn: LossFn = F.cross_entropy
+    targets: Literal["labels", "tasks"] = "labels"  # tasks: {task: labels} for multi-task losses
+
+    def shape(self) -> tuple:
+        """What clients must share to train in one cohort."""
+        return (self.trainable, self.anchor is not None, self.mu, self.loss_fn, self.targets)
+
+
+def run_plan(trainer: LocalTrainer, plan: FitPlan, data: ClientData, seed: int) -> ClientUpdate:
+    """A plan executed for one client (the sequential path)."""
+    trainer.load(plan.start)
+    targets = data.y_train if plan.targets == "labels" else dict(data.tasks_train)
+    prox = None if plan.anchor is None else (plan.anchor, plan.mu)
+    trainer.fit(data.x_train, targets, seed=seed, trainable=plan.trainable, prox=prox,
+                loss_fn=plan.loss_fn)
+    return plan.finish(trainer.vector())
+
+
+@dataclass
 class ClientUpdate:
     """A client's upload and its new personal state. Its losses are not reported here: the
     trainer logs every fit and gradient the update runs, and the runtime checks them all."""
@@ -218,9 +250,22 @@ class Method:
         (PACFL's subspace bases, FedDisco's label histograms); counted in bytes like any."""
         return {}
 
+    def plan(self, payload: Tensors, personal: Any, data: ClientData, extra: Any) -> FitPlan:
+        """The local update declared as a ``FitPlan`` (then ``local_update`` need not be
+        written, and the runtime may train clients in cohorts)."""
+        raise NotImplementedError
+
+    @property
+    def plans_updates(self) -> bool:
+        """Whether the local update is declared by ``plan`` (and may run in cohorts)."""
+        cls = type(self)
+        return cls.plan is not Method.plan and cls.local_update is Method.local_update
+
     def local_update(self, trainer: LocalTrainer, payload: Tensors, personal: Any,
                      data: ClientData, seed: int, extra: Any) -> ClientUpdate:
-        raise NotImplementedError
+        """Train from what was received; by default the method's ``plan``, run for this client.
+        Override for updates of another shape (several fits, gradients, custom steps)."""
+        return run_plan(trainer, self.plan(payload, personal, data, extra), data, seed)
 
     def report(self, trainer: LocalTrainer, payload: Tensors, personal: Any, data: ClientData,
                seed: int, extra: Any) -> ClientUpdate:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, Method, MethodParams, register
+from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register
 
 
 @register
@@ -22,13 +24,8 @@ class FedAvg(Method):
     def aggregate(self, state, uploads, rnd):
         return {"model": uploads.mean("model")}, {}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
-        trainer.load(payload["model"])
-        trainer.fit(data.x_train, data.y_train, seed=seed, prox=self.anchor(payload))
-        return ClientUpdate({"model": trainer.vector()})
-
-    def anchor(self, payload):
-        return None
+    def plan(self, payload, personal, data, extra):
+        return FitPlan(payload["model"], lambda trained: ClientUpdate({"model": trained}))
 
     def deployable(self, payload, personal, extra):
         return payload["model"]
@@ -45,5 +42,6 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def anchor(self, payload):
-        return payload["model"], self.params.mu
+    def plan(self, payload, personal, data, extra):
+        return replace(super().plan(payload, personal, data, extra), anchor=payload["model"],
+                       mu=self.params.mu)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from raylf.methods.base import ClientUpdate, Method, register
+from raylf.methods.base import ClientUpdate, FitPlan, Method, register
 
 
 @register
@@ -25,11 +25,12 @@ class FedAvgSE(Method):
     def client_init(self, cid, init):
         return init[self.ctx.layout.part("head")].clone()
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
-        trainer.load(payload["encoder"], "encoder")
-        trainer.load(personal, "head")
-        trainer.fit(data.x_train, data.y_train, seed=seed)
-        return ClientUpdate({"encoder": trainer.vector("encoder")}, trainer.vector("head"))
+    def plan(self, payload, personal, data, extra):
+        encoder = self.ctx.layout.part("encoder")
+        head = self.ctx.layout.part("head")
+        return FitPlan(torch.cat([payload["encoder"], personal]),
+                       lambda trained: ClientUpdate({"encoder": trained[encoder]},
+                                                    trained[head].clone()))
 
     def deployable(self, payload, personal, extra):
         return torch.cat([payload["encoder"], personal])

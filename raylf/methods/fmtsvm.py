@@ -50,7 +50,7 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from raylf.errors import SpecError
-from raylf.methods.base import ClientUpdate, Method, MethodParams, register
+from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register
 from raylf.methods.fedavg import FedAvg
 from raylf.models import SplitModel
 from raylf.privacy import DPParams, privatize, round_report
@@ -231,10 +231,9 @@ class FedPureCNN(MultiTask, FedAvg):
     Params = MultiTaskParams
     shared_deployable = False  # rows per task, not the single-task shared evaluation
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
-        trainer.load(payload["model"])
-        self.fit(trainer, data, seed)
-        return ClientUpdate({"model": trainer.vector()})
+    def plan(self, payload, personal, data, extra):
+        return FitPlan(payload["model"], lambda trained: ClientUpdate({"model": trained}),
+                       loss_fn=self.loss, targets="tasks")
 
 
 @register

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raylf.methods.base import ClientUpdate, Method, register
+from raylf.methods.base import ClientUpdate, FitPlan, Method, register
 
 
 @register
@@ -22,10 +22,8 @@ class Local(Method):
     def client_init(self, cid, init):
         return init.clone()
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
-        trainer.load(personal)
-        trainer.fit(data.x_train, data.y_train, seed=seed)
-        return ClientUpdate({}, trainer.vector())
+    def plan(self, payload, personal, data, extra):
+        return FitPlan(personal, lambda trained: ClientUpdate({}, trained))
 
     def deployable(self, payload, personal, extra):
         return personal

@@ -113,6 +113,7 @@ class Coordinator:
             "bytes_down": int(down),
         }
         record.update(_mean_metrics(metrics))
+        record["worker_peak_mb"] = max(r["peak_memory"] for r in results) / 2**20
         if diverged or len(losses) < len(participants):
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)
@@ -149,8 +150,17 @@ class Coordinator:
         return diverged
 
     def evaluate(self, rnd: int) -> list[dict[str, Any]]:
+        """Every client (or, with ``eval_clients``, a seeded sample before the last round) on
+        its own splits, each scored by the worker that is its home."""
         payload = self.method.broadcast(self.state, rnd + 1)
         work = dict(enumerate(self.homes))
+        count = self.spec.evaluated_per_round()
+        if count is not None and rnd != self.spec.federation.rounds:
+            chosen = stream(self.spec.seed, "evaluate", rnd).choice(
+                self.federation.num_clients, count, replace=False)
+            picked = np.zeros(self.federation.num_clients, dtype=bool)
+            picked[chosen] = True
+            work = {s: ids[picked[ids]] for s, ids in work.items() if picked[ids].any()}
         rows = self.pool.evaluate(rnd, payload, work, self._extras_by_worker(work))
         return sorted(rows, key=lambda r: (r["split"], r["client_id"], r["deployable"],
                                            r["task"]))

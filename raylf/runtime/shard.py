@@ -9,6 +9,7 @@ stacked per key, shares already summed per key and group.
 from __future__ import annotations
 
 import io
+import logging
 import math
 from collections.abc import Callable
 from typing import Any
@@ -17,14 +18,32 @@ import numpy as np
 import pyarrow.fs as pafs
 import torch
 
-from raylf.methods.base import Share, score
+from raylf.cohort import (
+    CohortMember,
+    CohortTrainer,
+    cohorts,
+    not_worthwhile,
+    unsupported_reason,
+)
+from raylf.methods.base import ClientUpdate, Share, score
 from raylf.results import filesystem
 from raylf.runtime.blueprint import Blueprint, pick_device
 from raylf.seeding import derive
-from raylf.training import tensor_bytes
+from raylf.training import FitResult, tensor_bytes
 from raylf.tree import map_leaves
 
 SPLITS = ("test", "val")
+log = logging.getLogger("raylf")
+
+
+def peak_memory(device: torch.device) -> int:
+    """Peak bytes this worker has held: the device's allocator peak on a GPU, else the
+    process's peak resident set (the worker is its own process on Ray)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def upload_bytes(upload: dict[str, Any]) -> int:
@@ -89,6 +108,18 @@ class ClientShard:
         self.data = blueprint.federation.shard(client_ids, self.device)
         self.n_train = blueprint.federation.n_train
         self.splits = SPLITS if blueprint.federation.has_val else SPLITS[:1]
+        self.cohort_setting = blueprint.spec.resources.cohort
+        self.cohort: CohortTrainer | None = None
+        if self.cohort_setting != "off" and self.method.plans_updates:
+            model, shape = self.trainer.model, tuple(blueprint.federation.input_shape)
+            reason = unsupported_reason(model)
+            if reason is None and self.cohort_setting == "auto":
+                reason = not_worthwhile(model, shape, self.device)
+            if reason is None:
+                self.cohort = CohortTrainer(self.trainer)
+            else:
+                log.warning("%s: no cohort training (%s); clients train one after another",
+                            blueprint.spec.model.name, reason)
         self.personal: dict[int, Any] = {}
         if self.method.personal_state:
             init = blueprint.initial_vector()
@@ -97,23 +128,27 @@ class ClientShard:
     def _to_device(self, tree: Any) -> Any:
         return map_leaves(tree, lambda t: t.to(self.device, non_blocking=True), torch.Tensor)
 
+    def _logged(self, run: Callable[[], ClientUpdate]) -> tuple[ClientUpdate, list[FitResult]]:
+        """A client's update and every fit and gradient it ran (the trainer's log)."""
+        self.trainer.fits.clear()
+        update = run()
+        return update, list(self.trainer.fits)
+
     def _run_clients(self, client_ids: np.ndarray,
-                     step: Callable[[int], tuple[dict[str, Any], Any, dict]]) -> dict[str, Any]:
-        """``step(cid)`` → (upload, personal, metrics) for each client in turn, reduced. Every fit
-        and gradient a step runs is checked: a non-finite loss or one above
-        ``federation.divergence_loss`` stops the shard there (the experiment ends as diverged)."""
+                     step: Callable[[int], tuple[ClientUpdate, list[FitResult]]]) -> dict:
+        """``step(cid)`` → (update, fits) for each client in turn, reduced. Every fit and
+        gradient is checked: a non-finite loss or one above ``federation.divergence_loss``
+        stops the shard there (the experiment ends as diverged)."""
         reduction = Reduction(self.method.averaged, self.n_train)
         losses, up_bytes, metrics, diverged = [], [], [], False
         for cid in map(int, client_ids):
-            self.trainer.fits.clear()
-            upload, personal, client_metrics = step(cid)
+            update, fits = step(cid)
             if self.method.personal_state:
-                self.personal[cid] = map_leaves(personal, lambda t: t.cpu(), torch.Tensor)
-            reduction.add(cid, upload)
-            fits = self.trainer.fits
+                self.personal[cid] = map_leaves(update.personal, lambda t: t.cpu(), torch.Tensor)
+            reduction.add(cid, update.upload)
             losses.append(fits[-1].loss if fits else math.nan)
-            up_bytes.append(upload_bytes(upload))
-            metrics.append(client_metrics)
+            up_bytes.append(upload_bytes(update.upload))
+            metrics.append(update.metrics)
             if any(not math.isfinite(f.loss) or f.loss > self.divergence_loss for f in fits):
                 diverged = True
                 break
@@ -123,6 +158,7 @@ class ClientShard:
             "diverged": diverged,
             "bytes_up": np.asarray(up_bytes, dtype=np.int64),
             "metrics": metrics,
+            "peak_memory": peak_memory(self.device),
             **reduction.message(),
         }
 
@@ -131,23 +167,66 @@ class ClientShard:
 
         def step(cid: int):
             seed = derive(self.seed, "client", 0, cid)
-            return self.method.setup(self.trainer, self.data.client(cid), seed), \
-                self.personal.get(cid), {}
+            return self._logged(lambda: ClientUpdate(
+                self.method.setup(self.trainer, self.data.client(cid), seed),
+                self.personal.get(cid)))
 
         return self._run_clients(client_ids, step)
 
     def train(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
               extras: dict[int, Any]) -> dict[str, Any]:
-        """Local updates of ``client_ids`` (ascending)."""
+        """Local updates of ``client_ids`` (ascending): in lockstep cohorts when the method
+        declares its update as a plan and the model allows it, else one after another."""
         payload = self._to_device(payload)
+        seeds = {int(c): derive(self.seed, "client", rnd, int(c)) for c in client_ids}
+        done = self._train_cohorts(payload, client_ids, extras, seeds)
+        if done is not None:
+            return self._run_clients(client_ids, done.__getitem__)
 
         def step(cid: int):
-            update = self.method.local_update(
+            return self._logged(lambda: self.method.local_update(
                 self.trainer, payload, self._to_device(self.personal.get(cid)),
-                self.data.client(cid), derive(self.seed, "client", rnd, cid), extras.get(cid))
-            return update.upload, update.personal, update.metrics
+                self.data.client(cid), seeds[cid], extras.get(cid)))
 
         return self._run_clients(client_ids, step)
+
+    def _train_cohorts(self, payload, client_ids: np.ndarray, extras: dict[int, Any],
+                       seeds: dict[int, int]) -> dict[int, tuple] | None:
+        """Every client's (update, fits) from cohort training, or None when this round trains
+        one client after another (cohorts off, one client, a plan-less method, an unsupported
+        model, or plans of different shapes); the first refusal is logged with its reason."""
+        if self.cohort is None or len(client_ids) < 2 or not self.method.plans_updates:
+            return None
+        plans = {int(c): self.method.plan(payload, self._to_device(self.personal.get(int(c))),
+                                          self.data.client(int(c)), extras.get(int(c)))
+                 for c in client_ids}
+        first = next(iter(plans.values()))
+        if len({plan.shape() for plan in plans.values()}) > 1:
+            self._sequential("the participants' plans differ in shape (trainable parts, "
+                             "anchor, loss or targets)")
+            return None
+        ids = [int(c) for c in client_ids]
+        size = self.cohort.size(self.cohort_setting, len(ids), self.trainer.batch_size,
+                                tuple(self.data.train.x.shape[1:]))
+        done: dict[int, tuple] = {}
+        for block in cohorts(len(ids), size):
+            members = [CohortMember(self.data.position[c], plans[c].start, seeds[c],
+                                    plans[c].anchor) for c in ids[block]]
+            try:
+                vectors, fits = self.cohort.fit(
+                    members, self.data.train, first.targets, trainable=first.trainable,
+                    mu=first.mu if first.anchor is not None else 0.0, loss_fn=first.loss_fn)
+            except RuntimeError as err:  # e.g. an op of the loss without a vmap rule
+                self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
+                return None
+            for c, vector, fit in zip(ids[block], vectors, fits):
+                done[c] = (plans[c].finish(vector), [fit])
+        return done
+
+    def _sequential(self, reason: str) -> None:
+        """Stop cohort training for this worker, saying why once in the run's log."""
+        log.warning("%s: training clients one after another: %s", self.method.name, reason)
+        self.cohort = None
 
     def collect(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
                 extras: dict[int, Any]) -> dict[str, Any]:
@@ -192,14 +271,17 @@ class ClientShard:
         """One forward pass over the whole block with the broadcast model, scored per client."""
         self.trainer.load(self.method.deployable(payload, None, None))
         data = self.data.split(split)
-        block = self.data.block_rows(client_ids, split)
-        logits = self.trainer.predict(data.x[block])
-        y = data.y[block]
-        per_client = []
-        for c in map(int, client_ids):
-            rows = data.rows(self.data.position[c])
-            rows = slice(rows.start - block.start, rows.stop - block.start)
-            per_client.append([score(logits[rows], y[rows])])
+        spans = [data.rows(self.data.position[int(c)]) for c in client_ids]
+        if all(a.stop == b.start for a, b in zip(spans, spans[1:])):  # a contiguous block
+            rows = slice(spans[0].start, spans[-1].stop)
+        else:  # a sample of clients (eval_clients)
+            rows = torch.cat([torch.arange(r.start, r.stop) for r in spans]).to(self.device)
+        logits, y = self.trainer.predict(data.x[rows]), data.y[rows]
+        per_client, at = [], 0
+        for span in spans:
+            n = span.stop - span.start
+            per_client.append([score(logits[at: at + n], y[at: at + n])])
+            at += n
         return per_client
 
     # ---- checkpoints of personal state -----------------------------------------------------
