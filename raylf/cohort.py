@@ -157,6 +157,7 @@ class CohortTrainer:
         self.part_of = {s.name: s.name.split(".", 1)[0] for s in self.params}
         model = trainer.model
         self.layers = BatchedLayers(model) if BatchedLayers.supports(model) else None
+        self._footprints: dict[tuple, int] = {}  # (batch, sample shape) → bytes per client
 
     def per_client_bytes(self, batch_size: int, sample_shape: tuple[int, ...]) -> int:
         """A cohort member's footprint: parameters, gradients, momentum and anchor (4 × P
@@ -190,7 +191,10 @@ class CohortTrainer:
             import psutil
 
             free = psutil.virtual_memory().available
-        fits = int(MEMORY_SHARE * free // self.per_client_bytes(batch_size, sample_shape))
+        key = (batch_size, sample_shape)
+        if key not in self._footprints:
+            self._footprints[key] = self.per_client_bytes(batch_size, sample_shape)
+        fits = int(MEMORY_SHARE * free // self._footprints[key])
         return max(1, min(participants, fits))
 
     def fit(self, members: list[CohortMember], split: Split, targets: str, *,
@@ -264,6 +268,18 @@ class CohortTrainer:
         results = [FitResult(float(totals[c]) / max(steps[c], 1), steps[c], samples[c])
                    for c in range(len(members))]
         return flat, results
+
+    @torch.no_grad()
+    def predict(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Outputs of each client's model (rows of ``vectors``) on its own inputs
+        (clients × n × sample): evaluation of personal models in one batched pass."""
+        params = {s.name: vectors[:, s.offset: s.offset + s.numel].reshape(-1, *s.shape)
+                  for s in self.params}
+        model = self.trainer.model
+        model.eval()
+        if self.layers is not None:
+            return self.layers(params, x)
+        return vmap(lambda p, inputs: functional_call(model, p, (inputs,)))(params, x)
 
     def _gradients(self, loss_fn):
         """(trained params, frozen params, x, y) of a group → (gradients, per-client losses)."""

@@ -91,3 +91,14 @@ def test_auto_keeps_convolution_heavy_models_sequential_on_the_cpu_unless_forced
     assert runtime("fedavg", 4, **big).coordinator.pool.shards[0].cohort is not None
     small = {"model": {"name": "cnn"}}  # 8×8 digits: cheap convolutions, cohorts pay
     assert runtime("fedavg", "auto", **small).coordinator.pool.shards[0].cohort is not None
+
+
+def test_personal_models_are_evaluated_in_cohorts_with_the_sequential_scores():
+    changes = {"scenario": {"name": "dirichlet", "alpha": 0.5, "val_fraction": 0.1}}
+    cohort, plain = runtime("fedavg_se", "auto", **changes), runtime("fedavg_se", "off", **changes)
+    for rt in (cohort, plain):
+        rt.run_round(1)
+    rows = [rt.coordinator.evaluate(1) for rt in (cohort, plain)]
+    assert [(r["split"], r["client_id"], r["n_test"], r["correct"]) for r in rows[0]] == \
+           [(r["split"], r["client_id"], r["n_test"], r["correct"]) for r in rows[1]]
+    assert [r["loss"] for r in rows[0]] == pytest.approx([r["loss"] for r in rows[1]], abs=1e-5)

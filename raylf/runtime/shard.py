@@ -25,7 +25,7 @@ from raylf.cohort import (
     not_worthwhile,
     unsupported_reason,
 )
-from raylf.methods.base import ClientUpdate, Share, score
+from raylf.methods.base import ClientUpdate, Method, Share, score
 from raylf.results import filesystem
 from raylf.runtime.blueprint import Blueprint, pick_device
 from raylf.seeding import derive
@@ -253,6 +253,8 @@ class ClientShard:
         for number, split in enumerate(self.splits):
             if self.method.shared_deployable:
                 per_client = self._shared_rows(payload, client_ids, split)
+            elif self.cohort is not None and type(self.method).evaluate is Method.evaluate:
+                per_client = self._cohort_rows(payload, client_ids, extras, split)
             else:
                 per_client = [self.method.evaluate(
                     self.trainer, payload, self._to_device(self.personal.get(c)),
@@ -282,6 +284,31 @@ class ClientShard:
             n = span.stop - span.start
             per_client.append([score(logits[at: at + n], y[at: at + n])])
             at += n
+        return per_client
+
+    def _cohort_rows(self, payload, client_ids: np.ndarray, extras: dict[int, Any],
+                     split: str) -> list[list[dict]]:
+        """Each client's own deployable on its own rows, many clients per batched pass (inputs
+        padded to the largest client of the cohort)."""
+        data, ids = self.data.split(split), [int(c) for c in client_ids]
+        spans = [data.rows(self.data.position[c]) for c in ids]
+        size = self.cohort.size(self.cohort_setting, len(ids), max(
+            s.stop - s.start for s in spans) or 1, tuple(data.x.shape[1:]))
+        per_client = []
+        for block in cohorts(len(ids), size):
+            vectors = torch.stack([self.method.deployable(
+                payload, self._to_device(self.personal.get(c)), extras.get(c))
+                for c in ids[block]])
+            longest = max(s.stop - s.start for s in spans[block])
+            if longest == 0:  # nobody in this block has rows in this split
+                per_client += [[score(data.y[:0], data.y[:0])] for _ in spans[block]]
+                continue
+            index = torch.stack([torch.arange(longest, device=self.device) + s.start
+                                 for s in spans[block]]).clamp(max=len(data.y) - 1)
+            logits = self.cohort.predict(vectors, data.x[index])
+            for out, span in zip(logits, spans[block]):
+                n = span.stop - span.start
+                per_client.append([score(out[:n], data.y[span])])
         return per_client
 
     # ---- checkpoints of personal state -----------------------------------------------------
