@@ -238,9 +238,18 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
         tiny = W.with_fields(tiny, federation__rounds=4, eval_every=2)
         heavy = W.with_fields(heavy, dataset__n_samples=600, federation__rounds=2, eval_every=2)
     for name, base, n_rep in (("tiny", tiny, reps), ("heavy", heavy, 1 if quick else 3)):
-        variants = [("local", "local", 1), ("ray-1w", "ray", 1), ("ray-2w", "ray", 2)]
-        if quick and name == "heavy":  # each Ray run starts fresh actors: keep the smoke short
-            variants = [v for v in variants if v[0] != "ray-1w"]
+        # resources.cohort: auto (the default: lockstep cohorts where they pay, see
+        # raylf.cohort), off (one client after another, the pre-cohort trainer), and on the
+        # heavy CNN cohorts forced, which auto declines on a CPU
+        variants = [("local", "local", 1, "auto"), ("local-seq", "local", 1, "off"),
+                    ("ray-1w", "ray", 1, "auto"), ("ray-2w", "ray", 2, "auto"),
+                    ("ray-2w-seq", "ray", 2, "off")]
+        if name == "heavy":
+            variants.append(("local-cohort-forced", "local", 1, 10))
+        if quick:  # each Ray run starts fresh actors: keep the smoke short
+            keep = ("local", "ray-2w") if name == "heavy" else ("local", "local-seq", "ray-1w",
+                                                                "ray-2w")
+            variants = [v for v in variants if v[0] in keep]
         # Repeats interleave the variants (floor, local, ray-1w, ray-2w, floor, …) so that a
         # change in the machine's load hits all of them; ratios are taken within a repeat.
         runs: dict[str, list[dict[str, Any]]] = {"floor": [], "floor-torch-seed": []}
@@ -248,8 +257,9 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
             runs["floor"].append(measure_floor(base))
             if not quick:
                 runs["floor-torch-seed"].append(measure_floor(base, torch_seed=True))
-            for variant, backend, workers in variants:
-                runs.setdefault(variant, []).append(measure_raylf(base, backend, workers))
+            for variant, backend, workers, cohort in variants:
+                runs.setdefault(variant, []).append(
+                    measure_raylf(base, backend, workers, cohort=cohort))
         floor = summarize(runs["floor"])
         log(f"[{name}] floor {floor['round_s']:.4f} s/round")
         rows.append(row("overhead", name, "floor", base, workers=1, ratio_to_floor=1.0,
@@ -264,7 +274,7 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
                             max_acc_diff_vs_floor=max(max_diff(u["acc"], f["acc"]) for u, f in
                                                       zip(runs["floor-torch-seed"], runs["floor"])),
                             **usual))
-        for variant, _backend, workers in variants:
+        for variant, _backend, workers, _cohort in variants:
             m = summarize(runs[variant])
             ratio = float(np.median([r["round_s"] / f["round_s"]
                                      for r, f in zip(runs[variant], runs["floor"])]))

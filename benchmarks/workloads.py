@@ -137,12 +137,13 @@ def with_fields(base: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 
 def make_spec(base: dict[str, Any], *, workers: int = 1, cpus_per_worker: float = 1.0,
-              gpus_per_worker: float = 0.0, **fields: Any) -> ExperimentSpec:
+              gpus_per_worker: float = 0.0, cohort: str | int = "auto",
+              **fields: Any) -> ExperimentSpec:
     """The validated spec of ``base`` with these resources and field overrides."""
     raw = with_fields(base, **fields)
     raw["resources"] = {"workers": workers, "cpus_per_worker": cpus_per_worker,
                         "gpus_per_worker": gpus_per_worker, "coordinator_cpus": 0.25,
-                        "round_timeout_s": 600.0}
+                        "round_timeout_s": 600.0, "cohort": cohort}
     return validate(raw)
 
 
@@ -355,9 +356,12 @@ class TimedShard(ClientShard):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        fit = self.trainer.fit
         self._fit_s = 0.0
+        self.trainer.fit = self._timed(self.trainer.fit)
+        if self.cohort is not None:  # lockstep training: the cohort's fit is the local SGD
+            self.cohort.fit = self._timed(self.cohort.fit)
 
+    def _timed(self, fit):
         def timed_fit(*a, **k):
             t0 = time.perf_counter()
             try:
@@ -365,7 +369,7 @@ class TimedShard(ClientShard):
             finally:
                 self._fit_s += time.perf_counter() - t0
 
-        self.trainer.fit = timed_fit
+        return timed_fit
 
     def train(self, *args, **kwargs):
         self._fit_s = 0.0
