@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -47,11 +48,12 @@ class Federation:
     def num_clients(self) -> int:
         return len(self.train)
 
-    @property
+    @cached_property
     def n_train(self) -> np.ndarray:
+        """Per-client training sizes, computed once (read every round; O(clients) to build)."""
         return np.array([len(i) for i in self.train], dtype=np.int64)
 
-    @property
+    @cached_property
     def n_test(self) -> np.ndarray:
         return np.array([len(i) for i in self.test], dtype=np.int64)
 
