@@ -66,8 +66,10 @@ def provenance(config: dict[str, Any]) -> dict[str, str]:
 
 
 def to_table(rows: list[dict[str, Any]], metadata: dict[str, str]) -> pa.Table:
-    """Rows to Arrow with the declared column types (so all-null columns stay numeric)."""
-    columns: dict[str, None] = {}
+    """Rows to Arrow with the declared column types (so all-null columns stay numeric). No rows
+    (a diverged trial's clients) still give a ``trial_id`` column: readers such as duckdb refuse
+    a Parquet file without columns."""
+    columns: dict[str, None] = {} if rows else {"trial_id": None}
     for row in rows:
         columns.update(dict.fromkeys(row))
     arrays, fields = [], []
@@ -101,7 +103,7 @@ def write_trial(root: str | Path, trial_id: str, tables: dict[str, list[dict[str
     once its trials row exists)."""
     meta = provenance(config)
     order = [n for n in tables if n not in TABLES] + list(TABLES)
-    return {name: write_table(root, name, trial_id, to_table(tables[name], meta))
+    return {name: write_table(root, name, trial_id, to_table(tables[name] or [], meta))
             for name in order}
 
 

@@ -1,0 +1,408 @@
+"""The papers' tables, computed from a ``Sweep``: numbers formatted, best and second marked.
+
+Every mean and rank is over ``ok`` trials only; a configuration with fewer ok seeds than it
+started carries a dagger and the trials that did not finish are listed on their own. A
+function returns None when the columns its table needs are absent, so a table appears as soon
+as a method writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from raylf.leaderboard import STATUSES
+from raylf.report.data import Sweep, headline
+
+DAGGER = "†"
+
+
+@dataclass
+class Table:
+    """``cells`` are strings; ``marks`` (same shape) hold ``best`` / ``second`` / ``""``."""
+
+    title: str
+    note: str
+    cells: pd.DataFrame
+    marks: pd.DataFrame | None = None
+
+    def __post_init__(self):
+        if self.marks is None:
+            self.marks = pd.DataFrame("", index=self.cells.index, columns=self.cells.columns)
+
+
+def percent(mean: float, std: float = float("nan")) -> str:
+    if pd.isna(mean):
+        return "-"
+    return f"{100 * mean:.2f}" + ("" if pd.isna(std) else f" ± {100 * std:.2f}")
+
+
+def number(value: float, digits: int = 2) -> str:
+    return "-" if pd.isna(value) else f"{value:.{digits}f}"
+
+
+def rank_marks(values: pd.Series, higher_is_better: bool = True) -> pd.Series:
+    """``best`` for the top value, ``second`` for the next distinct one (ties share a mark)."""
+    dense = values.rank(method="dense", ascending=not higher_is_better)
+    return dense.map({1.0: "best", 2.0: "second"}).fillna("")
+
+
+def seed_stats(trials: pd.DataFrame, value: str, by: list[str]) -> pd.DataFrame:
+    """Mean, sample std and count over seeds of ``value`` per group of ``by``."""
+    return trials.groupby(by, sort=False)[value].agg(["mean", "std", "count"])
+
+
+def _incomplete(sweep: Sweep, by: list[str]) -> pd.Series:
+    """Groups where some trials did not end ``ok`` (their means are over fewer seeds)."""
+    status = sweep.trials.groupby(by, sort=False)["status"]
+    return status.apply(lambda s: bool((s != "ok").any()))
+
+
+def per_setting(sweep: Sweep, value: str, title: str, note: str,
+                higher_is_better: bool = True) -> Table | None:
+    """Configurations × settings, mean ± std over seeds, average rank over settings (seed 000
+    Table 1: ranked within each setting, then averaged; bold best, underline second)."""
+    ok = sweep.ok.dropna(subset=[value])
+    if ok.empty:
+        return None
+    stats = seed_stats(ok, value, ["config", "setting"])
+    means = stats["mean"].unstack("setting")
+    stds = stats["std"].unstack("setting")
+    settings = [s for s in sweep.settings if s in means]
+    means, stds = means[settings], stds[settings]
+    ranks = means.rank(ascending=not higher_is_better, method="average")
+    order = ranks.mean(axis=1).sort_values().index
+    incomplete = _incomplete(sweep, ["config", "setting"])
+    cells = pd.DataFrame(index=order)
+    marks = pd.DataFrame(index=order)
+    for setting in settings:
+        cells[setting] = [percent(means.at[c, setting], stds.at[c, setting])
+                          + (DAGGER if incomplete.get((c, setting), False) else "")
+                          for c in order]
+        marks[setting] = rank_marks(means[setting], higher_is_better).reindex(order)
+    if cells.map(lambda text: text.endswith(DAGGER)).any().any():
+        note += f" {DAGGER}: some seeds did not finish (see the failed-trials section)."
+    rank_column = "Avg. rank ↓" if len(settings) > 1 else "Rank ↓"
+    cells[rank_column] = [number(r) for r in ranks.mean(axis=1)[order]]
+    marks[rank_column] = rank_marks(ranks.mean(axis=1), higher_is_better=False)[order]
+    return _labelled(Table(title, note, cells, marks.fillna("")), "Method")
+
+
+def _labelled(table: Table, *names: str) -> Table:
+    """Move the index into leading label columns (unmarked)."""
+    cells = table.cells.rename_axis(list(names)).reset_index()
+    marks = table.marks.rename_axis(list(names)).reset_index()
+    for name in names:
+        marks[name] = ""
+    return Table(table.title, table.note, cells, marks)
+
+
+def trial_metric(sweep: Sweep, metric: str) -> pd.Series:
+    return headline(sweep.trials, metric, sweep.tasks)
+
+
+def main_table(sweep: Sweep) -> Table | None:
+    return per_setting(
+        sweep, "score", "Mean client test accuracy (%), final round",
+        "Mean ± sample standard deviation over seeds. The rank is computed within each setting "
+        "and averaged over the settings. Bold: best, underlined: second per setting."
+        + _task_note(sweep))
+
+
+def _task_note(sweep: Sweep) -> str:
+    return (f" Multi-task trials: the mean over the tasks ({', '.join(sweep.tasks)})."
+            if sweep.tasks else "")
+
+
+TAIL_COLUMNS = {"acc_mean": "Mean", "acc_worst": "Worst", "acc_bottom20": "Bot.20%",
+                "acc_gap": "Gap"}
+
+
+def tail_tables(sweep: Sweep) -> list[Table]:
+    """The macro-averaged tail table (seed 000 Table 2) and, with several settings, worst,
+    bottom-20 % and gap per setting (Tables 7–9)."""
+    trials = sweep.trials.assign(**{f"tail_{m}": trial_metric(sweep, m) for m in TAIL_COLUMNS})
+    ok = trials[trials["status"] == "ok"].dropna(subset=[f"tail_{m}" for m in TAIL_COLUMNS])
+    if ok.empty:
+        return []
+    seed_means = ok.groupby(["config", "setting"])[[f"tail_{m}" for m in TAIL_COLUMNS]].mean()
+    macro = seed_means.groupby("config").mean()
+    tail_ranks = pd.concat([
+        seed_means["tail_acc_worst"].groupby("setting").rank(ascending=False),
+        seed_means["tail_acc_bottom20"].groupby("setting").rank(ascending=False),
+        seed_means["tail_acc_gap"].groupby("setting").rank(ascending=True),
+    ], axis=1).mean(axis=1).groupby("config").mean()
+    order = tail_ranks.sort_values().index
+    cells, marks = pd.DataFrame(index=order), pd.DataFrame(index=order)
+    for metric, label in TAIL_COLUMNS.items():
+        cells[label] = [percent(v) for v in macro.loc[order, f"tail_{metric}"]]
+        marks[label] = rank_marks(macro[f"tail_{metric}"], metric != "acc_gap")[order]
+    cells["Tail rank ↓"] = [number(v) for v in tail_ranks[order]]
+    marks["Tail rank ↓"] = rank_marks(tail_ranks, higher_is_better=False)[order]
+    tables = [_labelled(Table(
+        "Client-level results (%), macro-averaged over settings",
+        "Per setting the seed mean, then the unweighted mean over settings. Tail rank: the "
+        "rank on worst, bottom-20 % (higher better) and gap (lower better) within each setting, "
+        "averaged over the three and over settings." + _task_note(sweep), cells, marks),
+        "Method")]
+    if len(sweep.settings) > 1:
+        sweep_with_tails = Sweep(sweep.root, trials, sweep.rounds, sweep.clients, sweep.extra,
+                                 sweep.tasks)
+        for metric in ("acc_worst", "acc_bottom20", "acc_gap"):
+            table = per_setting(sweep_with_tails, f"tail_{metric}",
+                                f"{TAIL_COLUMNS[metric]} client test accuracy (%) per setting",
+                                "Mean ± sample std over seeds; ranked within each setting "
+                                f"({'lower' if metric == 'acc_gap' else 'higher'} is better).",
+                                higher_is_better=metric != "acc_gap")
+            tables.append(table)
+    return tables
+
+
+def max_over_rounds(sweep: Sweep) -> Table | None:
+    """SP-CACW's reading (seed 001 Table 1): the maximum over evaluated rounds of each seed's
+    mean accuracy, next to the final one. Selected on test data, so labelled as such."""
+    if "score_max" not in sweep.trials:
+        return None
+    ok = sweep.ok.dropna(subset=["score_max"])
+    if ok.empty:
+        return None
+    final = seed_stats(ok, "score", ["config", "setting"])
+    best = seed_stats(ok, "score_max", ["config", "setting"])
+    order = best["mean"].sort_values(ascending=False).index
+    cells = pd.DataFrame({
+        "Max over rounds (test-selected)": [percent(best.at[i, "mean"], best.at[i, "std"])
+                                            for i in order],
+        "Final": [percent(final.at[i, "mean"], final.at[i, "std"]) for i in order],
+        "Seeds": [str(int(best.at[i, "count"])) for i in order],
+    }, index=pd.MultiIndex.from_tuples(order, names=["config", "setting"]))
+    marks = pd.DataFrame("", index=cells.index, columns=cells.columns)
+    marks["Max over rounds (test-selected)"] = rank_marks(best["mean"])[order].values
+    marks["Final"] = rank_marks(final["mean"])[order].values
+    return _labelled(Table(
+        "Maximum over rounds vs final mean accuracy (%)",
+        "Per seed the highest mean accuracy over the evaluated rounds (test-selected: an "
+        "optimistic figure, the way SP-CACW reports it), then mean ± sample std over seeds.",
+        cells, marks), "Method", "Setting")
+
+
+def leaderboard(sweep: Sweep) -> Table | None:
+    """Configurations ranked by the test accuracy at the validation-selected round where the
+    rounds have a validation split, else by the final round; never by a test-selected round."""
+    ok = sweep.ok.dropna(subset=["score"])
+    if ok.empty:
+        return None
+    selected = "score_at_val" in ok and ok["score_at_val"].notna().any()
+    key = "score_at_val" if selected else "score"
+    stats = {name: seed_stats(ok, name, ["config", "setting"])
+             for name in ("score", "score_max", "score_at_val", "val_score_selected",
+                          "val_round") if name in ok}
+    order = stats[key]["mean"].sort_values(ascending=False).index
+    columns = {}
+    if selected:
+        columns["Test acc at val-selected round"] = "score_at_val"
+        columns["Val acc"] = "val_score_selected"
+    columns["Final"] = "score"
+    if "score_max" in stats:
+        columns["Max over rounds (test-selected)"] = "score_max"
+    cells = pd.DataFrame({label: [percent(stats[name].at[i, "mean"], stats[name].at[i, "std"])
+                                  for i in order] for label, name in columns.items()},
+                         index=pd.MultiIndex.from_tuples(order, names=["config", "setting"]))
+    if selected:
+        cells.insert(2, "Selected round", [number(stats["val_round"].at[i, "mean"], 1)
+                                           for i in order])
+    cells["Seeds ok"] = [str(int(stats["score"].at[i, "count"])) for i in order]
+    marks = pd.DataFrame("", index=cells.index, columns=cells.columns)
+    first = next(iter(columns))
+    marks[first] = rank_marks(stats[key]["mean"])[order].values
+    how = ("the test accuracy at the round with the best validation accuracy (first if tied); "
+           "selection never looks at test data" if selected else
+           "the final round (no validation split in these tables: "
+           "set scenario.val_fraction to select rounds on validation data)")
+    return _labelled(Table(
+        "Leaderboard" + (" (validation-selected round)" if selected else " (final round)"),
+        f"Ranked by {how}. Mean ± sample std over seeds (%); the max-over-rounds column is "
+        "selected on test data and shown for reference only." + _task_note(sweep),
+        cells, marks), "Method", "Setting")
+
+
+def per_client_round_bytes(sweep: Sweep) -> pd.DataFrame:
+    """Per trial: bytes up and down per participating client per training round (round 0, a
+    setup phase, counted apart)."""
+    rounds = sweep.rounds
+    if rounds.empty or "bytes_up" not in rounds:
+        return pd.DataFrame(columns=["trial_id", "kb_up", "kb_down", "setup_kb_up"])
+    training = rounds[rounds["round"] >= 1].groupby("trial_id")
+    out = pd.DataFrame({
+        "kb_up": training["bytes_up"].sum() / training["participants"].sum() / 1e3,
+        "kb_down": training["bytes_down"].sum() / training["participants"].sum() / 1e3,
+    })
+    setup = rounds[rounds["round"] == 0].groupby("trial_id")["bytes_up"].sum()
+    out["setup_kb_up"] = setup.reindex(out.index) / 1e3
+    return out.reset_index()
+
+
+def communication(sweep: Sweep) -> Table | None:
+    ok = sweep.ok.merge(per_client_round_bytes(sweep), on="trial_id")
+    if ok.empty:
+        return None
+    grouped = ok.groupby(["config", "setting"], sort=False)
+    stats = grouped[["kb_up", "kb_down", "setup_kb_up"]].mean()
+    stats["total_mb"] = grouped[["bytes_up", "bytes_down"]].mean().sum(axis=1) / 1e6
+    order = stats["kb_up"].sort_values().index
+    cells = pd.DataFrame({
+        "KB up / client / round": [number(v) for v in stats.loc[order, "kb_up"]],
+        "KB down / client / round": [number(v) for v in stats.loc[order, "kb_down"]],
+        "MB per trial (up + down)": [number(v) for v in stats.loc[order, "total_mb"]],
+    }, index=order)
+    if stats["setup_kb_up"].notna().any():
+        cells["Setup KB up (round 0)"] = [number(v) for v in stats.loc[order, "setup_kb_up"]]
+    return _labelled(Table(
+        "Communication", "What a participating client sends and receives per training round "
+        "(KB = 1000 bytes), mean over seeds; the per-trial total over all clients and rounds.",
+        cells), "Method", "Setting")
+
+
+def per_task(sweep: Sweep) -> Table | None:
+    """FMT-SVM's layout (seed 002 Tables 3–6): per task accuracy and AUC for every deployable,
+    with bytes per client per round."""
+    if not sweep.tasks:
+        return None
+    ok = sweep.ok.merge(per_client_round_bytes(sweep), on="trial_id", how="left")
+    rows, numbers = [], []
+    pairs = [(m, d) for m in dict.fromkeys(ok["method"]) for d in sweep.deployables(m)]
+    for method, deployable in pairs:
+        primary = sweep.primary_deployable(method)
+        suffix = "" if deployable == primary else f"_{deployable}"
+        wanted = {f"{task} {kind}": f"{metric}_{task}{suffix}" for task in sweep.tasks
+                  for kind, metric in (("acc", "acc_mean"), ("AUC", "auc_mean"))}
+        wanted = {label: c for label, c in wanted.items() if c in ok and ok[c].notna().any()}
+        if not wanted:
+            continue
+        scored = ok[ok["method"] == method].dropna(subset=list(wanted.values()), how="all")
+        grouped = scored.groupby(["config", "setting"], sort=False)
+        means, stds = grouped[list(wanted.values())].mean(), grouped[list(wanted.values())].std()
+        kb = grouped[["kb_up", "kb_down"]].mean()
+        for key in means.index:
+            row = {"Method": key[0], "Setting": key[1], "Deployable": deployable}
+            row |= {label: percent(means.at[key, c], stds.at[key, c])
+                    for label, c in wanted.items()}
+            numbers.append({label: means.at[key, c] for label, c in wanted.items()})
+            row["KB up / client / round"] = number(kb.at[key, "kb_up"])
+            row["KB down / client / round"] = number(kb.at[key, "kb_down"])
+            rows.append(row)
+    if not rows:
+        return None
+    cells = pd.DataFrame(rows).fillna("-")
+    marks = pd.DataFrame("", index=cells.index, columns=cells.columns)
+    numeric = pd.DataFrame(numbers, index=cells.index)
+    for label in numeric:
+        marks[label] = rank_marks(numeric[label])
+    return Table(
+        "Per-task accuracy and AUC (%), final round",
+        f"Tasks: {', '.join(sweep.tasks)}; one row per deployable (the model each client is "
+        "scored with; the first of a method is the reported one). Mean ± sample std over seeds; "
+        "bold: best, "
+        "underlined: second per column. Bytes: per participating client per training round.",
+        cells, marks)
+
+
+DP_COLUMNS = ("dp_epsilon_round", "dp_epsilon_achieved", "dp_epsilon_composed", "dp_sigma",
+              "dp_delta")
+
+
+def privacy(sweep: Sweep) -> Table | None:
+    """Accuracy against ε (seed 002 Table 7) with the ε the noise achieves per round and the
+    ε composed over all rounds (privacy accounting of the whole run, not one round)."""
+    rounds = sweep.rounds
+    if "dp_epsilon_composed" not in rounds:
+        return None
+    last = rounds.sort_values("round").groupby("trial_id").last()
+    dp = last[[c for c in DP_COLUMNS if c in last]].reset_index()
+    ok = sweep.ok.merge(dp, on="trial_id")
+    if ok.empty:
+        return None
+    accuracy = {"Acc": "score", **{f"{t} acc": f"acc_mean_{t}" for t in sweep.tasks
+                                   if f"acc_mean_{t}" in ok}}
+    grouped = ok.groupby(["config", "setting"], sort=False, dropna=False)
+    means, stds = grouped[list(accuracy.values())].mean(), grouped[list(accuracy.values())].std()
+    eps = grouped[[c for c in DP_COLUMNS if c in ok]].first()
+    order = eps["dp_epsilon_round"].sort_values(ascending=False, na_position="first").index
+    cells = pd.DataFrame(index=order)
+    cells["ε per round"] = [("∞ (no DP)" if pd.isna(v) else number(v))
+                            for v in eps.loc[order, "dp_epsilon_round"]]
+    cells["ε achieved / round"] = [number(v) for v in eps.loc[order, "dp_epsilon_achieved"]]
+    cells["ε composed (all rounds)"] = [number(v) for v in eps.loc[order, "dp_epsilon_composed"]]
+    cells["σ"] = [number(v, 3) for v in eps.loc[order, "dp_sigma"]]
+    cells["δ"] = [("-" if pd.isna(v) else f"{v:g}") for v in eps.loc[order, "dp_delta"]]
+    for label, column in accuracy.items():
+        cells[label] = [percent(means.at[i, column], stds.at[i, column]) for i in order]
+    cells["Seeds ok"] = grouped.size()[order].astype(str).values
+    cells.index = pd.MultiIndex.from_tuples(order, names=["config", "setting"])
+    return _labelled(Table(
+        "Accuracy against the privacy budget (%), final round",
+        "ε per round: the requested budget; achieved: the ε the noise σ gives one round at δ; "
+        "composed: the ε of all rounds together at δ for a client in every round (PLD "
+        "accountant). Mean ± sample std over ok seeds; diverged DP trials are listed apart.",
+        cells), "Method", "Setting")
+
+
+def alpha_support(sweep: Sweep, threshold: float = 1e-6) -> pd.DataFrame | None:
+    """Per trial and round: the mean over targets of how many peers carry α above
+    ``threshold`` (SP-CACW's learned sparsity)."""
+    alpha = sweep.extra.get("alpha")
+    if alpha is None or not {"alpha", "target", "round"} <= set(alpha):
+        return None
+    support = (alpha.assign(active=alpha["alpha"] > threshold)
+               .groupby(["trial_id", "config", "setting", "round", "target"])["active"].sum())
+    return support.groupby(["trial_id", "config", "setting", "round"]).mean().rename(
+        "support").reset_index()
+
+
+def alpha_table(sweep: Sweep) -> Table | None:
+    support = alpha_support(sweep)
+    if support is None or support.empty:
+        return None
+    ordered = support.sort_values("round").groupby("trial_id")
+    per_trial = pd.DataFrame({"first": ordered["support"].first(),
+                              "last": ordered["support"].last()}).join(
+        support.groupby("trial_id")[["config", "setting"]].first())
+    grouped = per_trial.groupby(["config", "setting"], sort=False)
+    means, stds = grouped[["first", "last"]].mean(), grouped[["first", "last"]].std()
+    cells = pd.DataFrame({
+        "α support, first update": [number(m) + ("" if pd.isna(s) else f" ± {s:.2f}")
+                                    for m, s in zip(means["first"], stds["first"])],
+        "α support, last update": [number(m) + ("" if pd.isna(s) else f" ± {s:.2f}")
+                                   for m, s in zip(means["last"], stds["last"])],
+    }, index=means.index)
+    return _labelled(Table(
+        "α support (peers with non-zero weight per target)",
+        "Mean over targets, then mean ± sample std over seeds.", cells), "Method", "Setting")
+
+
+def statuses(sweep: Sweep) -> Table:
+    counts = (sweep.trials.groupby(["config", "setting"], sort=False)["status"]
+              .value_counts().unstack(fill_value=0))
+    counts = counts.reindex(columns=[*STATUSES, *[c for c in counts if c not in STATUSES]],
+                            fill_value=0)
+    return _labelled(Table("Trials by status", "Counts of trials (seeds and retries included "
+                           "once: a retried trial counts by its last attempt).",
+                           counts.astype(str)), "Method", "Setting")
+
+
+def unfinished(sweep: Sweep) -> Table | None:
+    """Trials that did not end ``ok``, with the last line of their error."""
+    bad = sweep.trials[sweep.trials["status"] != "ok"]
+    if bad.empty:
+        return None
+    errors = bad["error"].fillna("").astype(str).map(
+        lambda text: next((line.strip() for line in reversed(text.splitlines()) if line.strip()),
+                          "")[:160])
+    rounds = bad["diverged_round"] if "diverged_round" in bad else pd.Series(index=bad.index)
+    cells = pd.DataFrame({
+        "Trial": bad["trial_id"], "Method": bad["config"], "Setting": bad["setting"],
+        "Seed": bad["seed"].astype(str), "Status": bad["status"],
+        "Round": [("-" if pd.isna(r) else str(int(r))) for r in rounds], "Error": errors,
+    }).reset_index(drop=True)
+    return Table("Failed, diverged and timed-out trials",
+                 "Never averaged into any table above.", cells)
