@@ -15,12 +15,12 @@ from raylf.experiment import run_experiment
 from raylf.methods import METHODS
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
-from raylf.runtime.shard import upload_bytes
+from raylf.runtime.shard import Reduction, upload_bytes
 from raylf.training import tensor_bytes
 from tests.conftest import small_spec_dict
 
 NAMES = METHODS.names()
-TIMING = {"round_s", "wall_s", "trial_id"}
+TIMING = {"round_s", "wall_s", "trial_id", "worker_peak_mb"}  # measurements, not results
 
 
 def contract_spec(name: str, **changes):
@@ -103,25 +103,27 @@ def test_backends_give_identical_client_accuracies(ray_cluster, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_participants_upload_the_same_keys_and_bytes_count_what_was_sent(name):
+def test_participants_upload_the_same_keys_and_bytes_count_what_was_sent(name, monkeypatch):
     runtime = local_runtime(contract_spec(name))
     coordinator = runtime.coordinator
-    sent: list[tuple[int, dict]] = []
-    for shard in coordinator.pool.shards:
-        def spy(*args, _real=shard.method.local_update, **kwargs):
-            update = _real(*args, **kwargs)
-            sent.append((args[3].cid, update.upload))
-            return update
-
-        shard.method.local_update = spy
+    sent: list[tuple[int, dict]] = []  # every client upload handed to a worker's reduction
+    add = Reduction.add
+    monkeypatch.setattr(Reduction, "add",
+                        lambda self, cid, upload: (sent.append((cid, upload)), add(
+                            self, cid, upload))[1])
+    everyone = list(range(coordinator.federation.num_clients))
     for rnd in (1, 2):
         sent.clear()
         payload = coordinator.method.broadcast(coordinator.state, rnd)
         outcome = runtime.run_round(rnd)
-        assert sorted(c for c, _ in sent) == outcome.record["participant_ids"]
-        assert len({tuple(sorted(u)) for _, u in sent}) == 1  # the same keys from everyone
+        participants = outcome.record["participant_ids"]
+        trained = sent[: len(participants)]  # then, if the round collects, every client's report
+        reports = sent[len(participants):]
+        assert sorted(c for c, _ in trained) == participants
+        assert reports == [] or sorted(c for c, _ in reports) == everyone
+        assert len({tuple(sorted(u)) for _, u in trained}) == 1  # the same keys from everyone
         assert outcome.record["bytes_up"] == sum(upload_bytes(u) for _, u in sent)
-        assert outcome.record["bytes_down"] >= tensor_bytes(payload) * len(sent)
+        assert outcome.record["bytes_down"] >= tensor_bytes(payload) * len(participants)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -10,6 +10,7 @@ import torch
 
 from raylf.config import ExperimentSpec, validate
 from raylf.data.federation import Federation
+from raylf.data.scenarios import SCENARIOS
 from raylf.methods import METHODS, Method, MethodContext, build_method
 from raylf.models import SplitModel, build_model
 from raylf.seeding import derive
@@ -63,7 +64,14 @@ class Blueprint:
         fed, spec = self.federation, self.spec
         return MethodContext(self.layout, fed.num_clients, fed.n_train, fed.num_classes,
                              spec.federation.rounds, spec.federation.participants_per_round(),
-                             spec.seed, fed.groups, self.initial_vector)
+                             spec.seed, fed.groups if self.latent_groups else None,
+                             self.initial_vector)
+
+    @property
+    def latent_groups(self) -> bool:
+        """Whether the scenario's groups are true latent groups (rotation, label permutation…)
+        rather than a summary such as a Dirichlet client's dominant class."""
+        return getattr(SCENARIOS.get(self.spec.scenario.name), "latent_groups", False)
 
     def method(self) -> Method:
         return build_method(self.spec.method.name, self.spec.method.hparams, self.context())

@@ -234,10 +234,9 @@ class ClientShard:
         payload = self._to_device(payload)
 
         def step(cid: int):
-            update = self.method.report(
+            return self._logged(lambda: self.method.report(
                 self.trainer, payload, self._to_device(self.personal.get(cid)),
-                self.data.client(cid), derive(self.seed, "client", rnd, cid, 1), extras.get(cid))
-            return update.upload, update.personal, update.metrics
+                self.data.client(cid), derive(self.seed, "client", rnd, cid, 1), extras.get(cid)))
 
         return self._run_clients(client_ids, step)
 
