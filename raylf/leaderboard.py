@@ -7,6 +7,7 @@ import pandas as pd
 from raylf import results
 
 METRICS = ("acc_mean", "acc_worst", "acc_bottom20", "acc_gap")
+STATUSES = ("ok", "diverged", "failed", "timeout")
 
 
 def leaderboard(root: str, trials) -> pd.DataFrame:
@@ -17,14 +18,14 @@ def leaderboard(root: str, trials) -> pd.DataFrame:
     if table.empty:
         return pd.DataFrame()
     table["point"] = [_point(wanted[t].point) for t in table["trial_id"]]
-    metrics = [c for m in METRICS for c in table.columns if c == m or c.startswith(m + "_")]
+    metrics = [c for m in METRICS for c in table.columns
+               if (c == m or c.startswith(m + "_")) and table[c].notna().any()]
     grouped = table.groupby(["method", "point"], sort=False)
     board = grouped[metrics].agg(["mean", "std"])
     board.columns = [f"{m}_{stat}" for m, stat in board.columns]
     board["seeds"] = grouped.size()
-    board["ok"] = grouped["status"].apply(lambda s: int((s == "ok").sum()))
-    board["diverged"] = grouped["status"].apply(lambda s: int((s == "diverged").sum()))
-    board["failed"] = grouped["status"].apply(lambda s: int((s == "failed").sum()))
+    for status in STATUSES:
+        board[status] = grouped["status"].apply(lambda s, status=status: int((s == status).sum()))
     board = board.reset_index()
     ranking = [c for c in board if c.startswith("acc_mean") and c.endswith("_mean")]
     if ranking:  # single-task: acc_mean; multi-task: the mean over the tasks' acc_mean
@@ -42,7 +43,7 @@ def render(board: pd.DataFrame) -> str:
         return "leaderboard: no finished trials"
     metrics = [c[: -len("_mean")] for c in board.columns
                if c.endswith("_mean") and c.startswith(METRICS)]
-    header = ["rank", "method", "grid point", *metrics, "seeds", "ok/div/fail"]
+    header = ["rank", "method", "grid point", *metrics, "seeds", "ok/div/fail/timeout"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for rank, row in enumerate(board.itertuples(index=False), 1):
         cells = [str(rank), row.method, row.point]
@@ -50,6 +51,6 @@ def render(board: pd.DataFrame) -> str:
             mean, std = getattr(row, f"{m}_mean"), getattr(row, f"{m}_std")
             cells.append("-" if pd.isna(mean) else
                          f"{mean:.4f}" + ("" if pd.isna(std) else f" ± {std:.4f}"))
-        cells += [str(row.seeds), f"{row.ok}/{row.diverged}/{row.failed}"]
+        cells += [str(row.seeds), "/".join(str(getattr(row, s)) for s in STATUSES)]
         lines.append("| " + " | ".join(cells) + " |")
     return "leaderboard (mean ± sample std over seeds; final round):\n" + "\n".join(lines)

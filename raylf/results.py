@@ -99,10 +99,9 @@ def write_table(root: str | Path, table_name: str, trial_id: str, table: pa.Tabl
 
 def write_trial(root: str | Path, trial_id: str, tables: dict[str, list[dict[str, Any]]],
                 config: dict[str, Any]) -> dict[str, str]:
-    """The three tables, then any method-defined ones (written first: a trial is complete
-    once its trials row exists)."""
+    """Every table of the trial, its trials row last: a trial is complete once that exists."""
     meta = provenance(config)
-    order = [n for n in tables if n not in TABLES] + list(TABLES)
+    order = [n for n in tables if n != "trials"] + ["trials"]
     return {name: write_table(root, name, trial_id, to_table(tables[name] or [], meta))
             for name in order}
 

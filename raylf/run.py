@@ -1,7 +1,8 @@
 """``python -m raylf.run SPEC.yaml --out DIR``: one experiment, a progress line per round.
 
-Exit codes: 0 finished, 1 failed (tables written, traceback in the trials table),
-2 invalid spec or impossible resources (nothing ran), 3 diverged (tables written).
+Exit codes: 0 finished, 1 failed or over ``resources.trial_timeout_s`` (tables written, the
+reason in the trials table), 2 invalid spec, data or impossible resources (nothing ran),
+3 diverged (tables written).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from raylf.config import SpecError, load_spec
+from raylf.config import ExperimentSpec, SpecError, load_spec
 from raylf.runtime import BACKENDS
 
 EXIT_FAILED, EXIT_SPEC, EXIT_DIVERGED = 1, 2, 3
@@ -30,6 +31,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def enforce_time_budget(spec: ExperimentSpec, progress) -> None:
+    """End the run as ``timeout`` once it has used ``resources.trial_timeout_s`` (a round hook:
+    the budget is checked between rounds, each round being bounded by round_timeout_s)."""
+    from raylf.experiment import RecordedStop
+
+    budget = spec.resources.trial_timeout_s
+    if budget is not None and progress.wall_s > budget:
+        raise RecordedStop("timeout", (
+            f"stopped after round {progress.next_round - 1} of {spec.federation.rounds}: "
+            f"{progress.wall_s:.1f}s exceeds resources.trial_timeout_s={budget:g}; raise it, or "
+            "lower federation.rounds"))
+
+
 def progress_line(record: dict, rounds: int) -> str:
     """Mean and worst client accuracy (per task for multi-task methods) on evaluation rounds."""
     tasks = sorted(k[len("acc_mean"):] for k in record if k.startswith("acc_mean"))
@@ -42,8 +56,11 @@ def progress_line(record: dict, rounds: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    from raylf.sweepspec import check_runnable
+
     try:
         spec = load_spec(args.spec, args.overrides)
+        check_runnable([spec])
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC
@@ -57,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(outcome, runtime, progress, snapshot):
         print(progress_line(outcome.record, rounds), flush=True)
+        enforce_time_budget(spec, progress)
 
     try:
         result = run_experiment(spec, backend=args.backend, out=args.out,

@@ -1,31 +1,50 @@
 """Sweep specs: a base experiment, grid axes (shared and per method), seeds → validated trials.
 
 Every expanded trial is validated exactly like a single experiment before anything starts, and
-problems name the sweep field they came from.
+problems name the sweep field they came from; :func:`check_runnable` then builds each trial's
+data once, so a missing dataset or an impossible partition is a spec error, not a failed trial.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from raylf.config import ExperimentSpec, SpecError, Strict, _errors, load_raw, set_dotted, validate
 from raylf.experiment import default_trial_id
 
 SWEEP_FIELDS = ("name", "base", "experiment", "overrides", "grid", "methods", "seeds",
-                "resources", "max_concurrent", "checkpoint_every", "max_failures")
+                "resources", "max_concurrent", "checkpoint_every", "checkpoint_min_s",
+                "max_failures")
+
+
+def _check_axes(axes: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Every grid axis has values, each listed once (a repeat would run a trial twice)."""
+    for axis, values in axes.items():
+        if not values:
+            raise ValueError(f"grid axis {axis!r} has no values; give at least one or remove "
+                             "the axis")
+        seen = [json.dumps(v, sort_keys=True) for v in values]
+        repeated = sorted({v for v in seen if seen.count(v) > 1})
+        if repeated:
+            raise ValueError(f"grid axis {axis!r} lists {', '.join(repeated)} more than once; "
+                             "list each value once")
+    return axes
 
 
 class MethodEntry(Strict):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
     grid: dict[str, list[Any]] = Field(default_factory=dict)
+
+    _axes = field_validator("grid")(_check_axes)
 
 
 class SweepSpec(Strict):
@@ -39,16 +58,18 @@ class SweepSpec(Strict):
     resources: dict[str, Any] | None = Field(None, description="per-trial resources")
     max_concurrent: int | None = Field(None, ge=1)
     checkpoint_every: int = Field(5, ge=1, description="rounds between trial checkpoints")
+    checkpoint_min_s: float = Field(
+        10.0, ge=0, description="least seconds between two checkpoints of a trial (the last "
+                                "round is always checkpointed): fast rounds would otherwise make "
+                                "Tune snapshot the whole experiment every few rounds")
     max_failures: int = Field(2, ge=0, description="retries of a failed trial (from checkpoint)")
+
+    _axes = field_validator("grid")(_check_axes)
 
     @model_validator(mode="after")
     def _one_base(self):
         if (self.base is None) == (self.experiment is None):
             raise ValueError("give exactly one of base (a spec file) or experiment (inline)")
-        for axes in [self.grid] + [m.grid for m in self.methods]:
-            for axis, values in axes.items():
-                if not values:
-                    raise ValueError(f"grid axis {axis!r} has no values")
         return self
 
 
@@ -61,7 +82,8 @@ class Trial:
     @property
     def label(self) -> str:
         values = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in self.point.items())
-        return f"{self.spec.method.name}({values}) seed={self.spec.seed}"
+        method = f"{self.spec.method.name}({values})" if values else self.spec.method.name
+        return f"{method} seed={self.spec.seed}"
 
 
 def load_sweep(path: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, list[Trial]]:
@@ -132,6 +154,67 @@ def expand(sweep: SweepSpec, folder: Path = Path("."), source: str | None = None
     if problems:
         raise SpecError(sorted(set(problems)), source)
     ids = [t.trial_id for t in trials]
-    if len(set(ids)) != len(ids):
-        raise SpecError([("grid", "two trials have identical configurations")], source)
+    twins = sorted({t.label for t in trials if ids.count(t.trial_id) > 1})
+    if twins:
+        raise SpecError([("methods", (
+            f"{'; '.join(twins)} appear(s) more than once with identical configurations (the "
+            "same method and grid point listed twice); remove the repeated entry"))], source)
     return trials
+
+
+def check_runnable(specs: list[ExperimentSpec]) -> None:
+    """Build every spec's data and method once, before anything starts: a dataset that is not
+    fetched, an unreadable file or a partition that leaves a client without data is reported
+    like any other spec error (each dataset is loaded once, however many trials share it)."""
+    from raylf.data import build_federation
+    from raylf.data.manifest import DatasetError
+    from raylf.data.sources import load_source
+    from raylf.runtime.blueprint import Blueprint
+
+    sources: dict[str, Any] = {}
+    methods_checked: set[str] = set()
+    problems: list[tuple[str, str]] = []
+    for spec in specs:
+        key = json.dumps([spec.dataset.name, spec.dataset.params.model_dump(mode="json")])
+        if key not in sources:
+            try:
+                sources[key] = load_source(spec.dataset.name, spec.dataset.params)
+            except (DatasetError, ValueError, OSError) as err:
+                sources[key] = None
+                problems.append(_dataset_problem(spec, err))
+        if sources[key] is None:
+            continue
+        try:
+            federation = build_federation(spec, sources[key])
+        except SpecError as err:
+            problems += err.problems
+            continue
+        except ValueError as err:
+            problems.append(("scenario", (
+                f"{spec.scenario.name} with federation.num_clients={spec.federation.num_clients} "
+                f"(seed {spec.seed}): {err}; change the scenario's parameters or "
+                "federation.num_clients")))
+            continue
+        shape = json.dumps({k: v for k, v in spec.to_dict().items() if k != "seed"},
+                           sort_keys=True)
+        if shape not in methods_checked:
+            methods_checked.add(shape)
+            try:
+                Blueprint(spec, federation).method()
+            except SpecError as err:
+                problems += err.problems
+    if problems:
+        raise SpecError(sorted(set(problems)))
+
+
+def _dataset_problem(spec: ExperimentSpec, err: Exception) -> tuple[str, str]:
+    """(field, message): a source's own errors may already start with the field they are about."""
+    field, sep, rest = str(err).partition(": ")
+    if sep and field == "dataset.path":
+        return field, (f"{rest}; an npz needs arrays x (N samples) and y (N integer labels), "
+                       "optionally y_<task>")
+    if sep and field.startswith("dataset."):
+        return field, rest
+    text = str(err)
+    return "dataset.name", text if repr(spec.dataset.name) in text else \
+        f"{spec.dataset.name}: {text}"

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -25,6 +27,19 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_until_gone(pgid: int, seconds: float) -> None:
+    """Poll until no process of group ``pgid`` is left (a killed head's raylet, GCS, agents)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pgid, signal.SIGKILL)
+    raise TimeoutError(f"process group {pgid} still alive after {seconds:.0f} s")
 
 
 def _wait_for(url: str, seconds: float) -> None:
@@ -47,10 +62,14 @@ def test_quickstart_as_a_ray_job_on_a_local_head(tmp_path):
         "port", "dashboard-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
         "runtime-env-agent-port", "metrics-export-port")}
     dashboard = ports["dashboard-port"]
+    # Its own temp dir (short: Ray's socket paths must fit 107 bytes), so the head's address file
+    # is not /tmp/ray/ray_current_cluster: once the head is gone, a plain ray.init() elsewhere on
+    # the machine would try to join it.
+    temp_dir = tempfile.mkdtemp(prefix="rayjob-", dir="/tmp")
     head = subprocess.Popen(
         [RAY, "start", "--head", "--block", "--num-cpus=2", "--num-gpus=1",
          "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-         *(f"--{flag}={port}" for flag, port in ports.items())],
+         f"--temp-dir={temp_dir}", *(f"--{flag}={port}" for flag, port in ports.items())],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     address = f"http://127.0.0.1:{dashboard}"
     try:
@@ -68,6 +87,8 @@ def test_quickstart_as_a_ray_job_on_a_local_head(tmp_path):
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
+        wait_until_gone(head.pid, 60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stdout
     assert "leaderboard" in job.stdout

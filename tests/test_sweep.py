@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import os
-import signal
+import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -55,15 +54,22 @@ def test_grid_of_gpu_share_trials_completes_with_exact_rows(tmp_path):
                                               "federation.local_epochs": [1, 2]}}],
         resources={"workers": 2, "cpus_per_worker": 0.25, "gpus_per_worker": 0.25,
                    "coordinator_cpus": 0.25})
-    proc = run_sweep(spec, tmp_path / "out")
+    proc = run_sweep(spec, tmp_path / "out", "--dashboard")
     assert proc.returncode == 0, proc.stderr[-3000:]
     tables = results.load(tmp_path / "out" / "t")
     assert len(tables["trials"]) == 8 and set(tables["trials"]["status"]) == {"ok"}
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "sweep t: 8 trials (4 method/grid points × 2 seeds)"
+    assert re.search(r"^dashboard: http://127\.0\.0\.1:\d+$", proc.stdout, re.M)
+    assert sum(line.startswith("[") and "] ok " in line for line in lines) == 8
+    assert "\x1b[" not in proc.stdout + proc.stderr  # a plain log: no colour codes
+    assert "WARNING" not in proc.stderr, proc.stderr
     assert len(tables["rounds"]) == 8 * 3
     assert len(tables["clients"]) == 8 * 3 * 6
     assert (tables["trials"]["resources.gpus_per_worker"] == 0.25).all()
     assert "leaderboard" in proc.stdout and "mu=0.1, local_epochs=2" in proc.stdout
-    assert str(tmp_path / "out" / "t" / "tables" / "trials") in proc.stdout
+    assert f"tables: {tmp_path / 'out' / 't' / 'tables'}/{{trials,rounds,clients,leaderboard}}/" \
+        in proc.stdout
 
 
 def test_dry_run_counts_trials_and_plans_without_ray(tmp_path):
@@ -79,71 +85,84 @@ def test_dry_run_counts_trials_and_plans_without_ray(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("fields, field", [
-    ({"grid": {"federation.rondes": [1, 2]}}, "federation.rondes"),
-    ({"methods": [{"name": "fedsgd"}]}, "method.name"),
-    ({"seeds": []}, "seeds"),
-    ({"max_concurrent": 0}, "max_concurrent"),
-])
-def test_bad_sweep_exits_2_naming_the_field(tmp_path, fields, field):
-    proc = run_sweep(write_sweep(tmp_path, **fields), tmp_path / "out")
-    assert proc.returncode == 2
-    assert field in proc.stderr
-    assert "Started a local Ray" not in proc.stderr and not (tmp_path / "out").exists()
-
-
-def test_killed_driver_resumes_without_rerunning_finished_trials(tmp_path):
-    spec = write_sweep(tmp_path, seeds=[0, 1, 2, 3], max_concurrent=1, checkpoint_every=2,
-                       overrides={"federation.rounds": 8},
-                       resources={"workers": 1, "cpus_per_worker": 0.5})
-    storage = tmp_path / "out"
-    driver = subprocess.Popen(sweep_cmd(spec, storage), cwd=ROOT, env=env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    trials_dir = storage / "t" / "tables" / "trials"
-    deadline = time.time() + 300
-    while time.time() < deadline and len(list(trials_dir.glob("*.parquet"))) < 2:
-        time.sleep(0.5)
-    finished_before = {p.stem for p in trials_dir.glob("*.parquet")}
-    os.kill(driver.pid, signal.SIGKILL)
-    driver.wait()
-    time.sleep(2)
-    try:
-        os.killpg(driver.pid, signal.SIGKILL)  # what the driver's own Ray left behind
-    except ProcessLookupError:
-        pass
-    assert 2 <= len(finished_before) < 4, "the kill must land mid-sweep"
-
-    proc = run_sweep(spec, storage, "--resume")
+def test_plugins_reach_the_workers_of_a_joined_cluster(ray_cluster, tmp_path):
+    """A second driver joins the session's cluster with RAYLF_PLUGINS set only in its own
+    environment (run from a folder where the plugin is not importable): a task on the cluster
+    imports the plugin and finds its method."""
+    script = (
+        "import ray\n"
+        "from raylf.raycluster import connect\n"
+        "connect(None, None, 0)\n"
+        "@ray.remote(num_cpus=0.1)\n"
+        "def registered():\n"
+        "    from raylf.methods import METHODS\n"
+        "    from raylf.plugins import load_plugins\n"
+        "    load_plugins()\n"
+        "    return 'faulty_once' in METHODS\n"
+        "print('plugin on worker:', ray.get(registered.remote(), timeout=120))\n")
+    address = ray_cluster.get_runtime_context().gcs_address
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAYLF_PLUGINS")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env={**clean, "RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled",
+                           "RAYLF_PLUGINS": "tests.plugins.faulty",
+                           "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "resuming sweep" in proc.stdout
-    trials = results.load(storage / "t")["trials"]
-    assert sorted(trials["trial_id"]) == sorted(set(trials["trial_id"])) and len(trials) == 4
-    assert set(trials["status"]) == {"ok"}
-    attempts = dict(zip(trials["trial_id"], trials["attempts"]))
-    assert all(attempts[t] == 1 for t in finished_before)  # not run again
-    rounds = results.load(storage / "t")["rounds"]
-    assert rounds.groupby("trial_id")["round"].apply(list).map(lambda r: r == list(
-        range(1, 9))).all()
+    assert "plugin on worker: True" in proc.stdout
 
 
-def test_failing_worker_is_retried_from_checkpoint_and_divergence_is_recorded(tmp_path):
-    marker = tmp_path / "failed-once"
-    spec = write_sweep(
-        tmp_path, checkpoint_every=1, max_failures=1,
-        overrides={"federation.rounds": 4},
-        methods=[{"name": "faulty_once", "params": {"fail_round": 3, "marker": str(marker)}},
-                 {"name": "fedavg", "grid": {"federation.optimizer.lr": [0.05, 1.0e6]}}],
-        resources={"workers": 1, "cpus_per_worker": 0.5})
-    proc = run_sweep(spec, tmp_path / "out", RAYLF_PLUGINS="tests.plugins.faulty")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert marker.exists()
-    tables = results.load(tmp_path / "out" / "t")
-    trials = tables["trials"].set_index("method", drop=False)
-    faulty = trials.loc["faulty_once"]
-    assert faulty["status"] == "ok" and faulty["attempts"] == 2
-    rounds = tables["rounds"]
-    assert list(rounds[rounds.trial_id == faulty["trial_id"]]["round"]) == [1, 2, 3, 4]
-    fedavg = tables["trials"][tables["trials"].method == "fedavg"]
-    by_lr = dict(zip(fedavg["federation.optimizer.lr"], fedavg["status"]))
-    assert by_lr == {0.05: "ok", 1.0e6: "diverged"}
+def test_trial_metrics_accept_a_round_record(ray_cluster):
+    @ray_cluster.remote(num_cpus=0.1)
+    def record_rounds():
+        from raylf.sweep import TrialMetrics
+
+        metrics = TrialMetrics("t", "t-fedavg-s0-0123456789", "fedavg")
+        metrics.record({"round": 1, "bytes_up": 10, "bytes_down": 0, "loss": 0.5})
+        metrics.record({"round": 2, "bytes_up": 10, "bytes_down": 12, "acc_mean": 0.5,
+                        "acc_worst": 0.25, "acc_mean_binary": 0.75})
+        return True
+
+    assert ray_cluster.get(record_rounds.remote(), timeout=120)
+
+
+class FakeTrial:
+    def __init__(self, trial_id):
+        self.config = {"trial_id": trial_id}
+
+    def get_error(self):
+        return "Traceback …\nRuntimeError: boom"
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_console_prints_a_line_per_finished_trial_and_colours_only_terminals(tmp_path, tty):
+    import io
+
+    from raylf.experiment import run_experiment
+    from raylf.sweep import SweepConsole
+    from raylf.sweepspec import load_sweep
+
+    _, trials = load_sweep(write_sweep(tmp_path, seeds=[0, 1]))
+    done = trials[0]
+    run_experiment(done.spec, out=str(tmp_path / "t"), trial_id=done.trial_id)
+
+    class Stream(io.StringIO):
+        def isatty(self):
+            return tty
+
+    stream = Stream()
+    console = SweepConsole(trials, str(tmp_path / "t"), stream)
+    console.start([])
+    console.on_trial_start(0, [], FakeTrial(done.trial_id))
+    console.on_trial_result(0, [], FakeTrial(done.trial_id), {"round": 1})
+    console.on_trial_complete(0, [], FakeTrial(done.trial_id))
+    console.on_trial_error(0, [], FakeTrial(trials[1].trial_id))
+    console.finish()
+    text = stream.getvalue()
+    lines = [line.split("\r\x1b[K")[-1] for line in text.splitlines()]
+    ok = next(line for line in lines if "seed=0" in line)
+    assert "[1/2]" in ok and "acc_mean 0." in ok and "acc_worst 0." in ok
+    failed = next(line for line in lines if "seed=1" in line)
+    assert "failed" in failed and "RuntimeError: boom" in failed
+    assert ("\x1b[" in text) == tty
+    if not tty:
+        assert "(done 1/2, running 0, pending 1" in ok

@@ -1,4 +1,9 @@
-"""A test plugin: FedAvg whose client raises once, in a chosen round, to exercise retries."""
+"""A test plugin: FedAvg whose client raises in a chosen round, to exercise retries.
+
+The first ``failures`` attempts that reach ``fail_round`` raise (each leaves a line in the
+``marker`` file); later attempts pass, so ``failures`` above a sweep's ``max_failures`` makes a
+trial that fails for good.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,8 @@ from raylf.methods.fedavg import FedAvg
 
 class FaultyOnceParams(MethodParams):
     fail_round: int = Field(ge=1)
-    marker: str = Field(description="file created by the first failure; later attempts pass")
+    marker: str = Field(description="file counting the failures so far")
+    failures: int = Field(1, ge=1, description="attempts that fail before one passes")
 
 
 class FaultyOnce(FedAvg):
@@ -26,8 +32,10 @@ class FaultyOnce(FedAvg):
 
     def local_update(self, trainer, payload, personal, data, seed, extra):
         marker = Path(self.params.marker)
-        if int(payload["round"]) == self.params.fail_round and not marker.exists():
-            marker.write_text("failed once")
+        failed = len(marker.read_text().splitlines()) if marker.exists() else 0
+        if int(payload["round"]) == self.params.fail_round and failed < self.params.failures:
+            with marker.open("a") as f:
+                f.write("failed\n")
             raise RuntimeError(f"injected worker failure in round {int(payload['round'])}")
         return super().local_update(trainer, payload, personal, data, seed, extra)
 

@@ -1,0 +1,80 @@
+"""The sweep driver SIGKILLed at four points of one sweep, then run again each time: every trial
+ends up exactly once in the tables and a finished trial is never run again."""
+
+from __future__ import annotations
+
+import pytest
+
+from raylf import results
+from tests.faults.helpers import (
+    attempts,
+    complete_trials,
+    kill_group,
+    start_sweep,
+    wait_for,
+)
+from tests.test_sweep import run_sweep, write_sweep
+
+PLUGINS = {"RAYLF_PLUGINS": "tests.plugins.gates"}
+ROUNDS = 4
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # five driver starts: on a busy 2-core machine near the default 600 s
+def test_driver_killed_at_start_mid_trial_between_trials_and_writing_tables(tmp_path):
+    mid_trial = tmp_path / "mid-trial.gate"
+    spec = write_sweep(
+        tmp_path, seeds=[0, 1, 2], max_concurrent=1, checkpoint_every=1, checkpoint_min_s=0,
+        overrides={"federation.rounds": ROUNDS},
+        methods=[{"name": "gated_fedavg_se",
+                  "params": {"gate_round": 2, "gate_file": str(mid_trial)}}],
+        resources={"workers": 1, "cpus_per_worker": 0.5})
+    storage = tmp_path / "out"
+    root = storage / "t"
+
+    # 1. during start: the sweep has claimed its directory, no trial has run
+    driver = start_sweep(spec, storage, **PLUGINS)
+    wait_for((root / "sweep.json").exists, 180, "the sweep to claim its directory", driver)
+    kill_group(driver)
+    assert not complete_trials(root)
+
+    # 2. mid-trial: the first trial is held inside round 2, after checkpointing round 1
+    driver = start_sweep(spec, storage, **PLUGINS)
+    wait_for(mid_trial.exists, 180, "the first trial to reach round 2", driver)
+    kill_group(driver)
+    held = mid_trial.read_text().split("/")[0]
+    assert not complete_trials(root)
+
+    # 3. between trials: the first trial's tables are complete, the next has not finished
+    driver = start_sweep(spec, storage, **PLUGINS)
+    wait_for(lambda: complete_trials(root), 180, "the first trial's tables", driver)
+    kill_group(driver)
+    finished = complete_trials(root)
+    assert finished == {held}
+    attempts_when_finished = {t: attempts(root, t) for t in finished}
+    assert attempts_when_finished[held] == 2  # started in run 2, resumed in run 3
+
+    # 4. while tables are written: the next trial stops between its trials and rounds tables
+    writing_gate = tmp_path / "tables.gate"
+    driver = start_sweep(spec, storage, RAYLF_TABLE_GATE=str(writing_gate), **PLUGINS)
+    wait_for(writing_gate.exists, 180, "a trial to start writing its tables", driver)
+    kill_group(driver)
+    writing = writing_gate.read_text()
+    assert (root / "tables" / "trials" / f"{writing}.parquet").exists()
+    assert writing not in complete_trials(root)
+
+    # 5. to the end
+    proc = run_sweep(spec, storage, "--resume", **PLUGINS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = results.load(root)
+    trials = tables["trials"]
+    assert len(trials) == 3 and trials["trial_id"].is_unique
+    assert set(trials["status"]) == {"ok"}
+    counts = dict(zip(trials["trial_id"], trials["attempts"]))
+    assert {t: counts[t] for t in finished} == attempts_when_finished  # not run again
+    rounds = tables["rounds"].groupby("trial_id")["round"].apply(list)
+    assert rounds.map(lambda r: r == list(range(1, ROUNDS + 1))).all()
+    clients = tables["clients"]
+    assert len(clients) == 3 * ROUNDS * 6
+    assert not clients.duplicated(["trial_id", "round", "client_id", "task"]).any()
+    assert "resuming: 1 of 3 trials already finished" in proc.stdout

@@ -1,0 +1,226 @@
+"""Bad input: each kind exits 2 with one message naming the field and the fix, nothing started.
+
+Most cases call the CLIs' ``main`` in this process (no Ray needed before the error); those
+that need a cluster to be refused use the session's, and two run as a user would, in a fresh
+process with a Ray that has no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from raylf import run, sweep
+from tests.conftest import small_spec_dict
+from tests.test_sweep import ROOT, env, write_sweep
+
+
+def experiment_file(tmp_path: Path, **changes) -> Path:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(small_spec_dict(**changes), sort_keys=False))
+    return path
+
+
+def npz(tmp_path: Path, **arrays) -> str:
+    path = tmp_path / "data.npz"
+    np.savez(path, **arrays)
+    return str(path)
+
+
+def corrupt_manifest(tmp_path: Path, monkeypatch) -> None:
+    from raylf.data import manifest
+
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    (folder / "cifar10.yaml").write_text("name: cifar10\nfiles: [{broken\n")
+    monkeypatch.setattr(manifest, "manifest_folder", lambda: folder)
+
+
+# id, spec changes (small_spec_dict keywords), --set overrides, field named, fix named
+EXPERIMENTS = [
+    ("rounds-below-range", {"federation__rounds": 0}, [], "federation.rounds",
+     "greater than or equal to 1"),
+    ("participation-above-range", {"federation__participation": 1.5}, [],
+     "federation.participation", "less than or equal to 1"),
+    ("clients-wrong-type", {"federation__num_clients": "many"}, [], "federation.num_clients",
+     "valid integer"),
+    ("lr-wrong-type", {"federation__optimizer__lr": "fast"}, [], "federation.optimizer.lr",
+     "valid number"),
+    ("timeout-below-range", {"resources__trial_timeout_s": -5}, [],
+     "resources.trial_timeout_s", "greater than 0"),
+    ("unknown-field", {"federation__rondes": 3}, [], "federation.rondes", "unknown field"),
+    ("unknown-method", {}, ["method.name=fedsgd"], "method.name", "allowed: "),
+    ("unknown-dataset", {"dataset": {"name": "imagenet"}}, [], "dataset.name", "allowed: "),
+    ("unknown-scenario", {"scenario": {"name": "shards"}}, [], "scenario.name", "allowed: "),
+    ("unknown-model", {"model": {"name": "vit"}}, [], "model.name", "allowed: "),
+    ("unknown-method-param", {}, ["method.name=fedprox", "method.params.muu=1"],
+     "method.params.muu", "unknown field"),
+    ("method-param-range", {}, ["method.name=fedprox", "method.params.mu=-1"],
+     "method.params.mu", "greater than or equal to 0"),
+    ("gpu-share-not-1-over-n", {"resources__gpus_per_worker": 0.3}, [],
+     "resources.gpus_per_worker", "1/n"),
+    ("replicated-stateful-method", {"resources__client_data": "replicated"}, [],
+     "resources.client_data", "use sharded or auto"),
+    ("multi-task-method-single-task-data", {"method": {"name": "fmtsvm"}}, [], "method.name",
+     "digits_multitask"),
+    ("oracle-on-scenario-without-groups",
+     {"method": {"name": "clustered_oracle"}, "scenario": {"name": "iid"}}, [], "method.name",
+     "has none (use one of: "),
+    ("label-subset-beyond-classes", {"scenario": {"name": "label_subset", "k": 20}}, [],
+     "scenario", "exceeds the 10 classes"),
+    ("partition-leaves-client-without-data", {"scenario": {"name": "iid"}},
+     ["federation.num_clients=1000"], "scenario", "at least two samples"),
+    ("override-without-value", {}, ["federation.rounds"], "federation.rounds",
+     "dotted.key=value"),
+    ("unknown-preset", {"preset": "hdcfl-c11"}, [], "preset", "allowed: "),
+]
+
+
+@pytest.mark.parametrize("changes, overrides, field, fix",
+                         [c[1:] for c in EXPERIMENTS], ids=[c[0] for c in EXPERIMENTS])
+def test_bad_experiment_spec(tmp_path, capsys, changes, overrides, field, fix):
+    code = run.main([str(experiment_file(tmp_path, **changes)), "--out", str(tmp_path / "out"),
+                     "--backend", "local", *(f"--set={o}" for o in overrides)])
+    assert_refused(code, capsys.readouterr().err, field, fix, tmp_path / "out")
+
+
+@pytest.mark.parametrize("arrays, fix", [
+    ({"x": np.zeros((20, 4), np.float32)}, "lacks array(s) ['y']"),
+    ({"x": np.zeros((20, 4), np.float32), "y": np.zeros(19, np.int64)},
+     "must be 20 integer labels"),
+], ids=["npz-without-y", "npz-mismatched-lengths"])
+def test_bad_own_data(tmp_path, capsys, arrays, fix):
+    spec = experiment_file(tmp_path, dataset={"name": "npz", "path": npz(tmp_path, **arrays)})
+    code = run.main([str(spec), "--out", str(tmp_path / "out"), "--backend", "local"])
+    err = capsys.readouterr().err
+    assert_refused(code, err, "dataset.path", fix, tmp_path / "out")
+    assert "arrays x (N samples) and y (N integer labels)" in err
+
+
+def test_missing_data_offline_names_the_fetch_command(tmp_path, capsys):
+    spec = experiment_file(tmp_path, dataset={"name": "cifar10", "root": str(tmp_path / "c")})
+    code = run.main([str(spec), "--out", str(tmp_path / "out"), "--backend", "local"])
+    assert_refused(code, capsys.readouterr().err, "dataset.name",
+                   f"python -m raylf.datasets fetch cifar10 --root {tmp_path / 'c'}",
+                   tmp_path / "out")
+
+
+def test_corrupt_manifest_names_the_file(tmp_path, capsys, monkeypatch):
+    corrupt_manifest(tmp_path, monkeypatch)
+    spec = experiment_file(tmp_path, dataset={"name": "cifar10", "root": str(tmp_path / "c")})
+    code = run.main([str(spec), "--out", str(tmp_path / "out"), "--backend", "local"])
+    assert_refused(code, capsys.readouterr().err, "dataset.name",
+                   str(tmp_path / "manifests" / "cifar10.yaml"), tmp_path / "out")
+
+
+@pytest.mark.parametrize("name, fix", [
+    ("missing.yaml", "spec file not found"),
+    ("broken.yaml", "not valid YAML"),
+], ids=["spec-file-missing", "spec-not-yaml"])
+def test_unreadable_spec_file(tmp_path, capsys, name, fix):
+    (tmp_path / "broken.yaml").write_text("federation: {rounds: [1,\n")
+    code = run.main([str(tmp_path / name), "--out", str(tmp_path / "out")])
+    assert_refused(code, capsys.readouterr().err, "<root>", fix, tmp_path / "out")
+
+
+def test_impossible_resources_for_one_experiment(ray_cluster, tmp_path, capsys):
+    spec = experiment_file(tmp_path, resources__cpus_per_worker=64)
+    code = run.main([str(spec), "--out", str(tmp_path / "out")])
+    assert_refused(code, capsys.readouterr().err, "resources.cpus_per_worker",
+                   "the cluster has 2", tmp_path / "out")
+
+
+# id, sweep fields, extra CLI arguments, field named, fix named
+SWEEPS = [
+    ("empty-grid-axis", {"grid": {"federation.local_epochs": []}}, [], "grid",
+     "give at least one"),
+    ("duplicate-grid-points", {"grid": {"federation.local_epochs": [1, 2, 1]}}, [], "grid",
+     "list each value once"),
+    ("duplicate-method-entries", {"methods": [{"name": "fedavg"}, {"name": "fedavg"}]}, [],
+     "methods", "remove the repeated entry"),
+    ("unknown-grid-field", {"grid": {"federation.rondes": [1, 2]}}, [], "federation.rondes",
+     "unknown field"),
+    ("unknown-method-in-sweep", {"methods": [{"name": "fedsgd"}]}, [], "method.name",
+     "allowed: "),
+    ("no-seeds", {"seeds": []}, [], "seeds", "at least 1 item"),
+    ("max-concurrent-zero", {}, ["--max-concurrent", "0"], "max_concurrent",
+     "greater than or equal to 1"),
+    ("unknown-sweep-field", {"seed": 1}, [], "seed", "unknown field"),
+    ("sweep-name-pattern", {"name": "my sweep!"}, [], "name", "pattern"),
+    ("base-and-inline-experiment", {"base": "tune/examples/digits_label_skew.yaml"}, [],
+     "<root>", "give exactly one of base"),
+    ("resume-without-sweep", {}, ["--resume"], "--resume", "run without --resume"),
+]
+
+
+@pytest.mark.parametrize("fields, extra, field, fix", [c[1:] for c in SWEEPS],
+                         ids=[c[0] for c in SWEEPS])
+def test_bad_sweep(ray_cluster, tmp_path, capsys, fields, extra, field, fix):
+    storage = tmp_path / "out"
+    code = sweep.main([str(write_sweep(tmp_path, **fields)), "--storage", str(storage), *extra])
+    assert_refused(code, capsys.readouterr().err, field, fix,
+                   storage / "t" / "tables", storage / "t" / "sweep.json")
+
+
+def test_missing_base_spec(tmp_path, capsys):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({"name": "t", "base": "nowhere.yaml"}))
+    code = sweep.main([str(path), "--storage", str(tmp_path / "out")])
+    assert_refused(code, capsys.readouterr().err, "base", "base spec not found: nowhere.yaml",
+                   tmp_path / "out")
+
+
+def test_sweep_directory_holding_another_sweep(ray_cluster, tmp_path, capsys):
+    folder = tmp_path / "out" / "t"
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps({"trial_ids": ["t-other-s0-0123456789"]}))
+    code = sweep.main([str(write_sweep(tmp_path)), "--storage", str(tmp_path / "out")])
+    assert_refused(code, capsys.readouterr().err, "name", "choose another --name or --storage",
+                   folder / "tables")
+
+
+def test_unwritable_storage_path(ray_cluster, tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    spec = write_sweep(tmp_path, resources={"workers": 1, "cpus_per_worker": 0.5})
+    code = sweep.main([str(spec), "--storage", str(blocker / "out")])
+    assert_refused(code, capsys.readouterr().err, "--storage", "choose a writable --storage",
+                   blocker / "out")
+
+
+def test_impossible_resources_for_a_sweep(ray_cluster, tmp_path, capsys):
+    spec = write_sweep(tmp_path, resources={"workers": 2, "cpus_per_worker": 4})
+    code = sweep.main([str(spec), "--storage", str(tmp_path / "out")])
+    assert_refused(code, capsys.readouterr().err, "resources", "the Ray cluster has 2",
+                   tmp_path / "out")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cli", ["run", "sweep"])
+def test_gpu_share_on_a_cluster_without_gpus(tmp_path, cli):
+    """As a user runs it: a fresh process starting its own Ray with --num-gpus 0."""
+    out = tmp_path / "out"
+    if cli == "run":
+        args = [str(experiment_file(tmp_path)), "--out", str(out)]
+    else:
+        args = [str(write_sweep(tmp_path, resources={"workers": 1, "cpus_per_worker": 0.5,
+                                                     "gpus_per_worker": 0.25})),
+                "--storage", str(out)]
+    proc = subprocess.run([sys.executable, "-m", f"raylf.{cli}", *args, "--num-gpus", "0"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env())
+    assert_refused(proc.returncode, proc.stderr, "resources.gpus_per_worker",
+                   "set resources.gpus_per_worker=0", out)
+
+
+def assert_refused(code: int, err: str, field: str, fix: str, *not_created: Path) -> None:
+    """Exit 2, a message naming ``field`` (as ``field:``) and the ``fix``, nothing created."""
+    assert code == 2, err
+    assert err.startswith("invalid spec") and f"{field}:" in err and fix in err, err
+    for path in not_created:
+        assert not path.exists(), f"{path} was created"
