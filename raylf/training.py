@@ -227,6 +227,43 @@ class LocalTrainer:
         self.fits.append(FitResult(float(loss.detach()), 0, len(x)))
         return grad if part is None else grad[self.layout.part(part)].clone()
 
+    def gradients_at(self, weights: torch.Tensor, x: torch.Tensor, y, *,
+                     loss_fn: LossFn = F.cross_entropy, seed: int | None = None) -> torch.Tensor:
+        """``gradient`` on this one minibatch at each row of ``weights`` (T, P), as (T, P), in
+        one vectorized call (``torch.func``: ``functional_call`` under ``vmap`` of ``grad``)
+        instead of T loads and backward passes: SP-CACW's and FC's peers compute their gradient
+        at every target's model. Each row's buffers (BatchNorm statistics) are its own copy, so
+        nothing changes the loaded model; dropout draws differently per row from the global
+        generator, seeded with ``seed`` when given. The mean minibatch loss over the rows is
+        logged in ``fits`` like ``gradient``'s."""
+        from torch.func import functional_call, grad_and_value, vmap
+
+        rows = len(weights)
+        params, buffers = {}, {}
+        for slot in self.layout.slots:
+            block = weights[:, slot.offset: slot.offset + slot.numel].reshape(rows, *slot.shape)
+            if slot.is_param:
+                params[slot.name] = block
+            else:
+                buffers[slot.name] = block.clone()
+        for name, buffer in self.model.named_buffers():  # integer ones, e.g. batch counters
+            if name not in buffers:
+                buffers[name] = buffer.expand(rows, *buffer.shape).clone()
+
+        def loss(p, b):
+            return loss_fn(functional_call(self.model, (p, b), (x,)), y)
+
+        if seed is not None:
+            seed_global(seed, self.device)
+        self.model.train()
+        grads, losses = vmap(grad_and_value(loss), randomness="different")(params, buffers)
+        out = torch.zeros_like(weights)
+        for slot in self.layout.slots:
+            if slot.is_param:
+                out[:, slot.offset: slot.offset + slot.numel] = grads[slot.name].reshape(rows, -1)
+        self.fits.append(FitResult(float(losses.mean()), 0, len(x)))
+        return out
+
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()
     def loss(self, x: torch.Tensor, y, *, loss_fn: LossFn = F.cross_entropy,

@@ -51,26 +51,26 @@ PRESETS: dict[str, dict[str, Any]] = {
     "spcacw-c100-eps0.01": {
         "dataset": {"name": "cifar100"},
         "scenario": {"name": "latent_clusters", "clusters": 4, "eps": 0.01},
-        "federation": {"num_clients": 20},
+        "federation": {"num_clients": 20}, "model": {"name": "vgg16_cifar"},
         "note": "noise N(0, eps) read as standard deviation eps on a class mass of 1/25; model: "
-                "the paper's VGG16 variant (not in raylf's model registry yet; give model:)"},
+                "the paper's VGG16 variant"},
     "spcacw-c100-eps10": {
         "dataset": {"name": "cifar100"},
         "scenario": {"name": "latent_clusters", "clusters": 4, "eps": 10.0},
-        "federation": {"num_clients": 20},
+        "federation": {"num_clients": 20}, "model": {"name": "vgg16_cifar"},
         "note": "eps = 10 swamps the cluster signal (near-random class mass); model: the "
-                "paper's VGG16 variant (not in raylf's model registry yet; give model:)"},
+                "paper's VGG16 variant"},
     "spcacw-shakespeare-n15-m7": {
         "dataset": {"name": "shakespeare", "seq_len": 50},
         "scenario": {"name": "natural", "roles_per_client": 7, "gap": 50},
-        "federation": {"num_clients": 15},
+        "federation": {"num_clients": 15}, "model": {"name": "char_lstm"},
         "note": "roles drawn at random among those with >= 100 windows; each role split in "
-                "order (last 25% test); model: CharLSTM (not in raylf's model registry yet)"},
+                "order (last 25% test); model: CharLSTM"},
     "spcacw-shakespeare-n30-m3": {
         "dataset": {"name": "shakespeare", "seq_len": 50},
         "scenario": {"name": "natural", "roles_per_client": 3, "gap": 50},
-        "federation": {"num_clients": 30},
-        "note": "as n15-m7; model: CharLSTM (not in raylf's model registry yet)"},
+        "federation": {"num_clients": 30}, "model": {"name": "char_lstm"},
+        "note": "as n15-m7; model: CharLSTM"},
 }
 
 # FMT-SVM (seed 002): K = 5 clients, Dirichlet over the 3-class label, paper encoder (2.5)

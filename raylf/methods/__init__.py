@@ -3,7 +3,25 @@ classes register themselves with ``@register``, so importing it is all a new met
 
 from __future__ import annotations
 
-from raylf.methods import fedavg, fedavg_se, fmtsvm, local  # noqa: F401  (they register)
+from raylf.methods import (  # noqa: F401  (they register)
+    clustered_oracle,
+    ditto,
+    fc,
+    fedala,
+    fedamp,
+    fedavg,
+    fedavg_se,
+    fedbabu,
+    fedce,
+    feddisco,
+    fedsoft,
+    fmtsvm,
+    hdcfl,
+    ifca,
+    local,
+    pacfl,
+    spcacw,
+)
 from raylf.methods.base import METHODS, Method, MethodContext, MethodParams, register
 
 

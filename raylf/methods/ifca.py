@@ -1,0 +1,82 @@
+"""IFCA (Ghosh et al., NeurIPS 2020; methods.md D4): S cluster models, each client joins the one
+with the lowest loss on its own training data and trains only that one.
+
+Option II of the paper (model averaging): a participant uploads its trained model as a share in
+the group of its chosen cluster, so the workers reduce one n_k-weighted sum per cluster and a
+cluster nobody chose keeps its model. Evaluation chooses by the same training-loss rule and
+scores the chosen model on the evaluation split; the choice is the clients-table ``cluster``.
+
+Decision — the loss sample: at most ``loss_samples`` training samples, drawn once per client
+from the trial seed, so the choice made for training and for evaluation in a round see the same
+samples and the choice recorded for the test and validation splits is the same one. Test or
+validation data never enter the choice (the PACFL repo's IFCA baseline picks by test accuracy).
+Decision — no re-drawing of inits until every cluster is chosen (the author CIFAR code's
+``find_good_initializer``): the S inits are drawn once from the trial seed (methods.md).
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from raylf.methods.base import ClientUpdate, Method, MethodParams, register, score, share
+from raylf.seeding import generator
+
+
+class IFCAParams(MethodParams):
+    """Defaults: seed 000 Table 5 (S = 4, the loss on at most 512 local samples)."""
+
+    clusters: int = Field(4, ge=1, le=64, description="S, the number of cluster models, each "
+                                                        "from its own seeded init")
+    loss_samples: int = Field(512, ge=1, description="at most this many of a client's training "
+                                                      "samples decide its cluster")
+
+
+def group_means(models: torch.Tensor, uploads, key: str = "model") -> torch.Tensor:
+    """``models`` (G, P) with each group that received shares of ``key`` replaced by their
+    weighted mean; a group nobody shared with keeps its model. One copy, however many groups."""
+    chosen = set(uploads.groups(key))
+    return torch.stack([uploads.mean(key, g) if g in chosen else models[g]
+                        for g in range(len(models))])
+
+
+def lowest_loss(trainer, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Index of the model (a row of ``models``) with the lowest mean loss on (x, y)."""
+    losses = []
+    for model in models:
+        trainer.load(model)
+        losses.append(trainer.loss(x, y))
+    return int(torch.tensor(losses).argmin())
+
+
+@register
+class IFCA(Method):
+    name = "ifca"
+    Params = IFCAParams
+
+    def server_init(self, init):
+        return {"models": self.ctx.initial_models(self.params.clusters)}
+
+    def broadcast(self, state, rnd):
+        return {"models": state["models"]}
+
+    def aggregate(self, state, uploads, rnd):
+        return ({"models": group_means(state["models"], uploads)},
+                {"clusters_chosen": float(len(uploads.groups("model")))})
+
+    def choose(self, trainer, models: torch.Tensor, data) -> int:
+        n = len(data.y_train)
+        rows = torch.randperm(n, generator=generator(self.ctx.seed, data.cid))
+        rows = rows[: self.params.loss_samples].to(data.y_train.device)
+        return lowest_loss(trainer, models, data.x_train[rows], data.y_train[rows])
+
+    def local_update(self, trainer, payload, personal, data, seed, extra):
+        cluster = self.choose(trainer, payload["models"], data)
+        trainer.load(payload["models"][cluster])
+        trainer.fit(data.x_train, data.y_train, seed=seed)
+        return ClientUpdate({"model": share(trainer.vector(), data.n_train, cluster)})
+
+    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
+        cluster = self.choose(trainer, payload["models"], data)
+        trainer.load(payload["models"][cluster])
+        return [score(trainer.predict(data.x_test), data.y_test) | {"cluster": cluster}]

@@ -1,0 +1,187 @@
+"""The per-step runtime of methods whose round is one minibatch gradient per peer: SP-CACW and
+its reference rules, FC (DESIGN.md: "methods whose round is a single gradient step").
+
+A round is one optimizer step of every *learner* (a client with a model of its own: SP-CACW's
+targets, every client in FC):
+
+1. ``broadcast``: the learners' weights stacked (T, P) and the round number;
+2. ``local_update`` on every client: its next minibatch (one pass over its own data per epoch,
+   reshuffled each epoch) and its gradient there at each learner's weights it serves, in one
+   vectorized call (``LocalTrainer.gradients_at``), uploaded as one plain (rows, P) tensor;
+3. ``aggregate``: from the per-peer gradients, each learner's update direction (the subclass's
+   rule: an α-weighted sum, a thresholded cluster mean) and whatever it tracks;
+4. ``collect`` / ``report``: each learner's client receives its direction (``extras``), takes its
+   own optimizer step with ``federation.optimizer`` (lr, momentum kept across steps, weight decay,
+   gradient clipping) and uploads its new weights for the next broadcast.
+
+Why the learner steps, not the server: the optimizer settings are the client half's (the server
+half never sees them), and a learner owning its model, momentum and data is the papers'
+protocol; the server needs the per-peer gradients, which come to it anyway. Every client takes
+part in every step (``federation.participation`` is not used) and ``local_epochs`` has no role:
+``federation.rounds`` counts steps. The rounds table's ``loss`` is each client's minibatch loss
+averaged over the learners' models it served, high by design at the models of other clusters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from raylf.methods.base import ClientUpdate, Method
+from raylf.seeding import generator
+
+
+def epoch_batch(n: int, batch_size: int, step: int, seed: int, cid: int) -> torch.Tensor:
+    """Indices of client ``cid``'s minibatch at ``step`` (from 1): epochs of ⌈n/B⌉ steps, each a
+    fresh permutation of its n samples, so the client's data is visited once per epoch."""
+    per_epoch = max(1, math.ceil(n / batch_size))
+    epoch, position = divmod(step - 1, per_epoch)
+    order = torch.randperm(n, generator=generator(seed, cid, epoch))
+    return order[position * batch_size: (position + 1) * batch_size]
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return max(1, math.ceil(n / batch_size))
+
+
+def sgd_step(w: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, cfg,
+             params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of ``torch.optim.SGD`` (after ``clip_grad_norm_``) on a flat vector, given its
+    gradient: clip to ``cfg.grad_clip``, add weight decay on the parameter coordinates
+    (``params`` mask; buffers are not decayed), momentum buffer μ·m + d, w − lr·m."""
+    if cfg.grad_clip is not None:
+        grad = grad * min(1.0, cfg.grad_clip / (float(grad.norm()) + 1e-6))
+    d = grad + cfg.weight_decay * w * params
+    momentum = cfg.momentum * momentum + d
+    return w - cfg.lr * momentum, momentum
+
+
+class PeerStepMethod(Method):
+    """The runtime above; a subclass names its learners and turns gradients into directions."""
+
+    personal_state = True
+
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        self.learners = self.learner_ids()
+        self.index = {int(c): k for k, c in enumerate(self.learners)}
+        self.param_mask = torch.zeros(ctx.layout.size)
+        self.has_buffers = False
+        for slot in ctx.layout.slots:
+            if slot.is_param:
+                self.param_mask[slot.offset: slot.offset + slot.numel] = 1.0
+            else:
+                self.has_buffers = True
+
+    # ---- what a subclass defines ----------------------------------------------------------
+    def learner_ids(self) -> np.ndarray:
+        """Sorted ids of the clients that own a model."""
+        raise NotImplementedError
+
+    def rows_for(self, cid: int, rnd: int) -> torch.Tensor:
+        """Learner indices whose weights client ``cid`` computes its gradient at in ``rnd``."""
+        return torch.arange(len(self.learners))
+
+    @property
+    def upload_width(self) -> int:
+        """Rows every client uploads (fewer ``rows_for`` are padded with zero rows)."""
+        return len(self.learners)
+
+    def directions(self, state: dict[str, Any], grads: torch.Tensor,
+                   rnd: int) -> tuple[dict[str, Any], torch.Tensor, dict[str, float]]:
+        """(new state, (T, P) update directions, diagnostics) from every client's upload
+        ``grads`` (clients, rows, P), clients in ascending order."""
+        raise NotImplementedError
+
+    def learner_report(self, trainer, personal: dict[str, Any], data, seed: int,
+                       rnd: int) -> dict[str, torch.Tensor]:
+        """Extra tensors a learner uploads after its step (SP-CACW: its smoothness estimate)."""
+        return {}
+
+    def after_reports(self, state: dict[str, Any], uploads,
+                      rnd: int) -> tuple[dict[str, Any], dict[str, float]]:
+        return state, {}
+
+    # ---- server half ----------------------------------------------------------------------
+    def server_init(self, init):
+        return {"weights": init.expand(len(self.learners), -1).clone()}
+
+    def select(self, state, rnd, rng):
+        return np.arange(self.ctx.num_clients)
+
+    def broadcast(self, state, rnd):
+        return {"weights": state["weights"], "round": torch.tensor(rnd)}
+
+    def aggregate(self, state, uploads, rnd):
+        state, directions, diagnostics = self.directions(state, uploads.tensors["grads"], rnd)
+        return {**state, "directions": directions}, diagnostics
+
+    def collect(self, state, rnd):
+        return {"round": torch.tensor(rnd)}
+
+    def extras(self, state, client_ids):
+        """Each learner's direction, in the collect phase only (``aggregate`` leaves them in the
+        state, ``receive_reports`` drops them)."""
+        if "directions" not in state:
+            return {}
+        wanted = {int(c) for c in client_ids}
+        return {int(c): state["directions"][k] for k, c in enumerate(self.learners)
+                if int(c) in wanted}
+
+    def receive_reports(self, state, uploads, rnd):
+        state = {k: v for k, v in state.items() if k != "directions"}
+        rows = torch.as_tensor([self.index[int(c)] for c in uploads.senders["weights"]])
+        weights = state["weights"].clone()
+        weights[rows] = uploads.tensors["weights"].to(weights.dtype)
+        return self.after_reports({**state, "weights": weights}, uploads, rnd)
+
+    # ---- client half ----------------------------------------------------------------------
+    def client_init(self, cid, init):
+        if cid not in self.index:
+            return None
+        return {"weights": init.clone(), "momentum": torch.zeros_like(init)}
+
+    def batch(self, trainer, data, rnd: int) -> torch.Tensor:
+        idx = epoch_batch(data.n_train, trainer.batch_size, rnd, self.ctx.seed, data.cid)
+        return idx.to(data.x_train.device)
+
+    def local_update(self, trainer, payload, personal, data, seed, extra):
+        rnd = int(payload["round"])
+        idx = self.batch(trainer, data, rnd)
+        rows = self.rows_for(data.cid, rnd)
+        weights = payload["weights"]
+        grads = trainer.gradients_at(weights[rows.to(weights.device)], data.x_train[idx],
+                                     data.y_train[idx], seed=seed)
+        if len(rows) < self.upload_width:
+            grads = torch.cat([grads, grads.new_zeros(self.upload_width - len(rows),
+                                                      grads.shape[1])])
+        return ClientUpdate({"grads": grads}, personal)
+
+    def report(self, trainer, payload, personal, data, seed, extra):
+        if extra is None:
+            return ClientUpdate({}, personal)
+        rnd = int(payload["round"])
+        w = personal["weights"]
+        if self.has_buffers:  # running statistics follow the learner's own batches, as in fit
+            trainer.load(w)
+            trainer.model.train()
+            with torch.no_grad():
+                trainer.model(data.x_train[self.batch(trainer, data, rnd)])
+            w = trainer.vector()
+        w, momentum = sgd_step(w, personal["momentum"], extra, trainer.opt_cfg,
+                               self.param_mask.to(w.device))
+        personal = {**personal, "weights": w, "momentum": momentum}
+        upload = {"weights": w, **self.learner_report(trainer, personal, data, seed, rnd)}
+        return ClientUpdate(upload, personal)
+
+    def deployable(self, payload, personal, extra):
+        return personal["weights"]
+
+    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
+        """Learners only: a client without a model of its own has nothing to deploy."""
+        if personal is None:
+            return []
+        return super().evaluate(trainer, payload, personal, data, extra, rnd=rnd, seed=seed)
