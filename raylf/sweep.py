@@ -510,7 +510,15 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped(StorageUnwritable(f"cannot write to {root}: {err}"), root)
     print(f"tables: {root}/tables/{{{','.join((*results.TABLES, 'leaderboard'))}}}/  "
           f"load them with raylf.results.load({root!r})")
-    print(f"report: python -m raylf.report {root}")
+    try:
+        from raylf.report import write_report  # matplotlib: only once the sweep is done
+
+        written = write_report(root, formats=("md", "html"))
+        print(f"report: {written['html']} (markdown: {written['md']}; again: "
+              f"python -m raylf.report {root})")
+    except Exception as err:  # the tables are safe; a report problem must not fail the sweep
+        print(f"report: not written ({type(err).__name__}: {err}); "
+              f"python -m raylf.report {root}", file=sys.stderr)
     failed = [r for r in grid if r.error is not None]
     return EXIT_FAILED if failed else 0
 

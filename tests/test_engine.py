@@ -175,7 +175,7 @@ def test_stateless_methods_hold_no_model_copy_per_client():
 
 
 def test_workers_return_one_weighted_sum_per_averaged_key_not_one_upload_per_client():
-    bp = _blueprint("fedavg")
+    bp = _blueprint("fedavg", resources__cohort="off")  # the reference trains one at a time
     init = bp.initial_vector()
     ids = np.array([0, 2, 3])
     result = ClientShard(bp, np.arange(4)).train(1, {"model": init}, ids, {})

@@ -54,13 +54,14 @@ def test_driver_killed_at_start_mid_trial_between_trials_and_writing_tables(tmp_
     attempts_when_finished = {t: attempts(root, t) for t in finished}
     assert attempts_when_finished[held] == 2  # started in run 2, resumed in run 3
 
-    # 4. while tables are written: the next trial stops between its trials and rounds tables
+    # 4. while tables are written: the next trial stops before its trials row (written last)
     writing_gate = tmp_path / "tables.gate"
     driver = start_sweep(spec, storage, RAYLF_TABLE_GATE=str(writing_gate), **PLUGINS)
     wait_for(writing_gate.exists, 180, "a trial to start writing its tables", driver)
     kill_group(driver)
     writing = writing_gate.read_text()
-    assert (root / "tables" / "trials" / f"{writing}.parquet").exists()
+    assert (root / "tables" / "rounds" / f"{writing}.parquet").exists()
+    assert not (root / "tables" / "trials" / f"{writing}.parquet").exists()
     assert writing not in complete_trials(root)
 
     # 5. to the end

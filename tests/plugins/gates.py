@@ -4,7 +4,7 @@
 whose first client to reach ``gate_round`` creates ``gate_file`` (holding its worker's actor
 name) and then waits for ``<gate_file>.release``; ``kill_worker`` makes that worker ``ray.kill``
 itself instead. With ``$RAYLF_TABLE_GATE`` set, the first trial to write its tables stops after
-the trials table and before the rounds table in the same way. A gate file that already exists
+its rounds and clients tables and before its trials row (written last) in the same way. A gate file that already exists
 lets everyone through, so a resumed attempt passes. Every wait has a deadline.
 """
 
@@ -75,7 +75,7 @@ if os.environ.get("RAYLF_TABLE_GATE") and not getattr(results.write_table, "gate
     _write_table = results.write_table
 
     def write_table(root, table_name, trial_id, table):
-        if table_name == "rounds":
+        if table_name == "trials":
             hold(Path(os.environ["RAYLF_TABLE_GATE"]), trial_id)
         return _write_table(root, table_name, trial_id, table)
 
