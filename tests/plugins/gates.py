@@ -4,8 +4,9 @@
 whose first client to reach ``gate_round`` creates ``gate_file`` (holding its worker's actor
 name) and then waits for ``<gate_file>.release``; ``kill_worker`` makes that worker ``ray.kill``
 itself instead. With ``$RAYLF_TABLE_GATE`` set, the first trial to write its tables stops after
-its rounds and clients tables and before its trials row (written last) in the same way. A gate file that already exists
-lets everyone through, so a resumed attempt passes. Every wait has a deadline.
+its rounds and clients tables and before its trials row (written last) in the same way. A gate
+file that already exists lets everyone through, so a resumed attempt passes. Every wait has a
+deadline.
 """
 
 from __future__ import annotations
