@@ -18,9 +18,11 @@ from raylf.methods.fedce import coefficients, floored
 from raylf.methods.fedsoft import FedSoft, FedSoftParams, aggregation_weights, importance
 from raylf.methods.ifca import IFCA, IFCAParams, lowest_loss
 from raylf.methods.pacfl import (
+    PACFLParams,
     class_bases,
     cluster,
     entrywise_distances,
+    one_cluster_warning,
     principal_distances,
 )
 from raylf.models import SplitModel
@@ -136,6 +138,13 @@ def test_agglomerative_clusters_merge_within_the_threshold():
     assert cluster(d, 0.5, "average").tolist() == [0, 0, 1, 1]
     assert len(set(cluster(d, 1.5, "weighted").tolist())) == 1
     assert len(set(cluster(d, 0.05, "average").tolist())) == 4
+
+
+def test_pacfl_says_when_its_threshold_makes_one_cluster():
+    d = np.array([[0, 0.3], [0.3, 0]])
+    message = one_cluster_warning(d, PACFLParams())
+    assert "threshold 1.5 rad" in message and "largest 0.3 rad" in message
+    assert "entrywise" in message
 
 
 # ---- FedALA ------------------------------------------------------------------------------------
