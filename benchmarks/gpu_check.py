@@ -2,11 +2,13 @@
 
     python benchmarks/gpu_check.py --out DIR [--rounds 10] [--model cnn|resnet18] [--quick]
 
-Writes ``DIR/gpu_check.json``: machine, per-round wall times (driver side) and their median after
-the first round, the floor on the same device (single process), GPU utilization and memory
-sampled with nvidia-smi every 0.5 s while raylf runs (null fields when there is no nvidia-smi),
-and final accuracies. On a machine without a GPU it runs the same thing on the CPU (one logical
-GPU declared so the 0.25 shares schedule), so the script is testable anywhere; ``--quick``
+Writes ``DIR/gpu_check.json``: machine, the floor on the same device (single process), and two
+raylf runs, the sequential trainer (``cohort: off``) and lockstep cohorts (``--cohort``, auto by
+default), each with per-round wall times (driver side) and their median after the first round,
+GPU utilization and memory sampled with nvidia-smi every 0.5 s while it runs (null fields when
+there is no nvidia-smi), peak worker memory and final accuracies. On a machine without a GPU
+it runs the same thing on the CPU (one logical GPU declared so the 0.25 shares schedule), so
+the script is testable anywhere; ``--quick``
 shrinks the workload for that. Sized to finish well under 5 minutes on one GPU.
 """
 
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--model", choices=("cnn", "resnet18"), default="cnn",
                         help="the heavy workload's CNN, or torchvision's resnet18 on it")
+    parser.add_argument("--cohort", default="auto",
+                        help="resources.cohort of the cohort variant (auto, or clients per "
+                             "lockstep batch); the sequential variant runs cohort: off")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (CPU testing)")
     args = parser.parse_args(argv)
     import ray
@@ -124,42 +129,54 @@ def main(argv: list[str] | None = None) -> int:
 
     ray.init(address="local", num_cpus=cores, num_gpus=max(gpus, 1), include_dashboard=False,
              logging_level="warning")
-    stamps: list[float] = []
-    coord: list[float] = []
     try:
-        with GpuSampler() as sampler:
-            t0 = time.perf_counter()
-            res = run_experiment(spec, backend="ray", reraise=True,
-                                 on_round=lambda o, r, p, s: (stamps.append(time.perf_counter()),
-                                                           coord.append(o.record["round_s"])))
-            wall = time.perf_counter() - t0
+        forced = int(args.cohort) if args.cohort.isdigit() else args.cohort
+        for variant, cohort in (("sequential", "off"), ("cohort", forced)):
+            spec = W.make_spec(W.HEAVY, workers=args.workers, cpus_per_worker=cpus,
+                               gpus_per_worker=0.25, cohort=cohort, **fields)
+            result[variant] = measure(spec, floor, args.workers, cpus)
+            if result[variant]["round_s_median"]:
+                result[variant]["ratio_to_floor"] = (result[variant]["round_s_median"]
+                                                     / result["floor"]["round_s_median"])
     finally:
         ray.shutdown()
+    result["driver_floor_max_memory_allocated_mib"] = (
+        torch.cuda.max_memory_allocated() / 2**20 if gpus else None)
+    path = out / "gpu_check.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps({"device": result["device"],
+                      "floor_round_s": result["floor"]["round_s_median"], "json": str(path)}
+                     | {v: {k: result[v].get(k) for k in ("round_s_median", "ratio_to_floor",
+                                                          "gpu_util_mean_pct", "status")}
+                        for v in ("sequential", "cohort")}, indent=1))
+    return 0 if all(result[v]["status"] == "ok" for v in ("sequential", "cohort")) else 1
+
+
+def measure(spec, floor: dict, workers: int, cpus: float) -> dict:
+    """One raylf run on Ray: per-round driver wall times, GPU utilization while it ran, and how
+    far its final per-client accuracies are from the floor's."""
+    stamps: list[float] = []
+    coord: list[float] = []
+    with GpuSampler() as sampler:
+        t0 = time.perf_counter()
+        res = run_experiment(spec, backend="ray", reraise=True,
+                             on_round=lambda o, r, p, s: (stamps.append(time.perf_counter()),
+                                                       coord.append(o.record["round_s"])))
+        wall = time.perf_counter() - t0
     per_round = list(np.diff(stamps))
     last = spec.federation.rounds
     accs = [r["accuracy"] for r in res.tables["clients"] if r["round"] == last]
     diff = max((abs(a - b) for a, b in zip(accs, floor["final_acc_per_client"])
                 if a is not None and b is not None), default=None)
-    result["raylf"] = {
-        "status": res.status, "workers": args.workers, "gpus_per_worker": 0.25,
-        "cpus_per_worker": cpus, "round_s": per_round,
-        "round_s_median": float(np.median(per_round)) if per_round else None,
-        "coordinator_round_s": coord, "wall_s": wall, "acc_mean": res.trial.get("acc_mean"),
-        "max_acc_diff_vs_floor": diff,
-    }
-    if per_round:
-        result["ratio_to_floor"] = result["raylf"]["round_s_median"] / \
-            result["floor"]["round_s_median"]
-    result["gpu"] = sampler.summary()
-    result["driver_floor_max_memory_allocated_mib"] = (
-        torch.cuda.max_memory_allocated() / 2**20 if gpus else None)
-    path = out / "gpu_check.json"
-    path.write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({k: result.get(k) for k in ("device", "ratio_to_floor")}
-                     | {"raylf_round_s": result["raylf"]["round_s_median"],
-                        "floor_round_s": result["floor"]["round_s_median"],
-                        "gpu": result["gpu"], "json": str(path)}, indent=1))
-    return 0 if res.status == "ok" else 1
+    gpu = sampler.summary()
+    return {"status": res.status, "cohort": spec.resources.cohort, "workers": workers,
+            "gpus_per_worker": 0.25, "cpus_per_worker": cpus, "round_s": per_round,
+            "round_s_median": float(np.median(per_round)) if per_round else None,
+            "coordinator_round_s": coord, "wall_s": wall, "acc_mean": res.trial.get("acc_mean"),
+            "max_acc_diff_vs_floor": diff, "gpu": gpu,
+            "gpu_util_mean_pct": gpu.get("util_mean_pct"),
+            "worker_peak_mb": max((r.get("worker_peak_mb") or 0 for r in res.tables["rounds"]),
+                                  default=None)}
 
 
 if __name__ == "__main__":
