@@ -42,6 +42,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from benchmarks import workloads as W  # noqa: E402
 from raylf.data.federation import build_federation  # noqa: E402
@@ -54,7 +55,8 @@ COLUMNS = [
     "section", "workload", "variant", "clients", "participants", "rounds", "workers", "repeats",
     "round_s", "round_s_mean", "ratio_to_floor", "coord_round_s", "wall_s", "acc_mean",
     "max_acc_diff_vs_floor", "balance_bound", "peak_rss_gib", "peak_rss_all_gib", "peak_pss_gib",
-    "dispatch_s", "fit_s", "client_loop_s", "aggregate_s", "evaluate_s", "other_s", "note",
+    "dispatch_s", "fit_s", "client_loop_s", "aggregate_s", "evaluate_s", "other_s",
+    "startup_s", "ratio_to_10k", "note",
 ]
 
 
@@ -116,7 +118,7 @@ def ray_resources(workers: int) -> dict[str, Any]:
 
 
 def measure_raylf(base: dict, backend: str, workers: int, *, sampler: bool = False,
-                  **overrides) -> dict[str, Any]:
+                  startup: bool = False, **overrides) -> dict[str, Any]:
     res = ray_resources(workers) if backend == "ray" else {"workers": workers}
     spec = W.make_spec(base, **res, **overrides)
     stamps: list[float] = []
@@ -139,9 +141,14 @@ def measure_raylf(base: dict, backend: str, workers: int, *, sampler: bool = Fal
     if result.status != "ok":
         raise RuntimeError(f"{backend} run ended {result.status}: {result.error}")
     last = spec.federation.rounds
+    per_round = list(np.diff(stamps)) if len(stamps) > 1 else [wall]
+    if startup:  # the clients table of a million clients is not worth keeping per client
+        return {"round_s": float(np.median(per_round)), "wall_s": wall,
+                "startup_s": stamps[0] - t0 - coord[0], "acc_mean": result.trial.get("acc_mean"),
+                "peak_rss_gib": rss.peak_workers / 2**30, "peak_rss_all_gib": rss.peak_all / 2**30,
+                "peak_pss_gib": rss.peak_pss / 2**30, "rss_breakdown_mib": rss.breakdown}
     accs = {r["client_id"]: r["accuracy"] for r in result.tables["clients"]
             if r["round"] == last and r["task"] == "main"}
-    per_round = list(np.diff(stamps)) if len(stamps) > 1 else [wall]
     out = {
         "round_s": float(np.median(per_round)), "round_s_mean": float(np.mean(per_round)),
         "coord_round_s": W.median_after_first(coord), "wall_s": wall,
@@ -316,6 +323,31 @@ def scaling_section(quick: bool, log) -> list[dict[str, Any]]:
     return rows
 
 
+def million_section(log) -> list[dict[str, Any]]:
+    """tune/examples/synthetic_1m.yaml (1,000,000 clients of 10 samples, 100 per round, 2
+    workers) next to the same spec with 10,000 clients: per-round cost must not grow with the
+    registered clients; start-up (partition, shards, actors) and memory of all processes."""
+    spec = yaml.safe_load((ROOT / "tune" / "examples" / "synthetic_1m.yaml").read_text())
+    rows, per_round = [], {}
+    for n in (10_000, 1_000_000):
+        base = W.with_fields(spec, federation__num_clients=n,
+                             federation__participation=100 / n,
+                             dataset__n_samples=spec["dataset"]["n_samples"] // 1_000_000 * n)
+        base.pop("resources")
+        stop_ray()  # a fresh Ray per size, so idle workers of earlier runs do not count
+        start_ray()
+        m = measure_raylf(base, "ray", 2, sampler=True, startup=True)
+        per_round[n] = m["round_s"]
+        log(f"[million] {n} clients: {m['round_s']:.3f} s/round, start-up "
+            f"{m['startup_s']:.1f} s, all processes {m['peak_rss_all_gib']:.2f} GiB RSS "
+            f"(PSS {m['peak_pss_gib']:.2f} GiB)")
+        rows.append(row("million", f"synthetic-{n}", "ray-2w", base, workers=2, repeats=1,
+                        ratio_to_10k=m["round_s"] / per_round[10_000],
+                        note=f"start-up {m['startup_s']:.1f} s; MiB RSS at peak: " + ", ".join(
+                            f"{k} {v}" for k, v in m["rss_breakdown_mib"].items()), **m))
+    return rows
+
+
 def flower_section(log, out_dir: Path) -> list[dict[str, Any]]:
     base = W.with_fields(W.TINY, eval_every=W.TINY["federation"]["rounds"])
     spec = W.make_spec(base)
@@ -374,6 +406,8 @@ def markdown(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
                     "aggregate_s", "evaluate_s", "other_s"]),
         ("scaling", ["workload", "clients", "participants", "round_s", "peak_rss_gib",
                      "peak_rss_all_gib", "peak_pss_gib", "wall_s", "note"]),
+        ("million", ["workload", "clients", "participants", "round_s", "ratio_to_10k",
+                     "startup_s", "peak_rss_all_gib", "peak_pss_gib", "wall_s", "note"]),
         ("flower", ["workload", "variant", "round_s", "round_s_mean", "ratio_to_floor", "wall_s",
                     "acc_mean", "max_acc_diff_vs_floor", "note"]),
     ):
@@ -409,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="small sizes, one repeat, no Flower (the smoke test)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--sections", default="overhead,scaling,flower",
-                        help="comma list of overhead, scaling, flower")
+    parser.add_argument("--sections", default="overhead,scaling,million,flower",
+                        help="comma list of overhead, scaling, million, flower")
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
     out_dir = Path(args.out)
@@ -428,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += overhead_section(args.quick, log)
         if "scaling" in sections:
             rows += scaling_section(args.quick, log)
+        if "million" in sections and not args.quick:
+            rows += million_section(log)
         if "flower" in sections and not args.quick:
             if FLOWER_PY.exists():
                 try:

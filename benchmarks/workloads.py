@@ -172,7 +172,8 @@ def export_npz(spec: ExperimentSpec, path, cpus_per_client: float = 1.0) -> None
               "cpus_per_client": cpus_per_client, "layout": names}
     arrays = {f"train_idx_{k}": np.asarray(i, dtype=np.int64) for k, i in enumerate(fed.train)}
     arrays.update({f"test_idx_{k}": np.asarray(i, dtype=np.int64) for k, i in enumerate(fed.test)})
-    np.savez(path, x=source.x.reshape(len(source.x), -1).astype(np.float32),
+    x = normalized_inputs(fed, source).numpy()
+    np.savez(path, x=x.reshape(len(x), -1).astype(np.float32),
              y=source.y.astype(np.int64), participants=participants_of(spec),
              init=bp.initial_vector().numpy().astype(np.float32),
              config=np.array(json.dumps(config)), **arrays)
@@ -206,14 +207,14 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
               device: str = "cpu", torch_seed: bool = False) -> dict[str, Any]:
     """The identical experiment as a plain single-process PyTorch loop (no raylf runtime).
 
-    Same partition, participants, initial weights, per-client shuffle seeds, SGD, n_k-weighted
-    average (a running float64 Σ n_k·w_k, divided once) and evaluation schedule as raylf's fedavg;
-    returns per-round wall times and the final per-client accuracies.
+    Same partition, input normalization, participants, initial weights, per-client shuffle seeds,
+    SGD, n_k-weighted average (a running float64 Σ n_k·w_k, divided once) and evaluation
+    schedule as raylf's fedavg; returns per-round wall times and the final per-client accuracies.
     """
     fed = fed or build_federation(spec)
     source = sources.load_source(spec.dataset.name, spec.dataset.params)
     dev = torch.device(device)
-    x_all = torch.from_numpy(source.x)
+    x_all = normalized_inputs(fed, source)
     y_all = torch.from_numpy(source.y)
     train = [(x_all[i].to(dev), y_all[i].to(dev)) for i in fed.train]
     test_idx = np.concatenate(fed.test)
@@ -268,6 +269,12 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
             torch.cuda.synchronize()
         round_s.append(time.perf_counter() - t0)
     return {"round_s": round_s, "final_acc_per_client": accs}
+
+
+def normalized_inputs(fed: Federation, source: SourceData) -> torch.Tensor:
+    """Every input of the source as the federation's shards see it (``dataset.normalize``,
+    with the statistics of its training split), in a copy: the source's arrays stay as loaded."""
+    return fed.normalization.apply(torch.tensor(source.x))
 
 
 @torch.no_grad()

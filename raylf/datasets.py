@@ -32,6 +32,9 @@ from raylf.data.sources import SOURCES, load_source
 _LOCAL_ORIGINS = {
     "digits": "bundled with scikit-learn",
     "digits_multitask": "bundled with scikit-learn (digits, relabelled into two tasks)",
+    "digits28": "generated from scikit-learn's digits: 10,000 MNIST-sized 28×28 images by "
+                "seeded random affines (dataset.n_samples, dataset.seed)",
+    "digits28_multitask": "generated like digits28, relabelled into two tasks",
     "synthetic": "generated from the seed (dataset.seed)",
     "npz": "your own .npz file (dataset.path)",
 }
@@ -71,7 +74,7 @@ def client_table(fed, y: np.ndarray) -> list[dict[str, Any]]:
     return rows
 
 
-def print_table(spec, rows: list[dict[str, Any]], note: str | None) -> None:
+def print_table(spec, rows: list[dict[str, Any]], note: str | None, normalization=None) -> None:
     print(f"dataset {spec.dataset.name}  scenario {spec.scenario.name} "
           f"{spec.scenario.params.model_dump(exclude={'test_fraction', 'val_fraction'})}  "
           f"clients {len(rows)}  seed {spec.seed}")
@@ -84,6 +87,16 @@ def print_table(spec, rows: list[dict[str, Any]], note: str | None) -> None:
             " ".join(map(str, present[:12])) + " …"
         print(f"{r['client']:>6} {r['group']:>5} {r['n_train']:>8} {r['n_test']:>7} "
               f"{len(present):>7}  {listing}")
+    if normalization is not None:
+        stats = "" if normalization.mean is None else (
+            f" ({normalization.origin}): mean {_rounded(normalization.mean)} std "
+            f"{_rounded(normalization.std)}")
+        print(f"inputs: normalize {normalization.mode}{stats}")
+
+
+def _rounded(values: tuple[float, ...]) -> str:
+    shown = ", ".join(f"{v:.4f}" for v in values[:6])
+    return f"[{shown}{', …' if len(values) > 6 else ''}]"
 
 
 def plot(rows: list[dict[str, Any]], title: str, path: str) -> None:
@@ -128,7 +141,7 @@ def describe(args: argparse.Namespace) -> int:
     fed = build_federation(spec, source)
     rows = client_table(fed, source.y)
     note = presets.PRESETS[args.preset]["note"] if args.preset else None
-    print_table(spec, rows, note)
+    print_table(spec, rows, note, fed.normalization)
     if args.plot:
         plot(rows, f"{args.preset or args.spec}: {spec.dataset.name} / {spec.scenario.name}, "
                    f"{fed.num_clients} clients", args.plot)

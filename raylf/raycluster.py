@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 import torch
 
@@ -56,3 +57,42 @@ def connect(address: str | None, num_gpus: float | None, wanted_gpus: float,
                     include_dashboard=dashboard, dashboard_host=DASHBOARD_HOST,
                     logging_level="info" if verbose else "warning", configure_logging=True,
                     **common)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a sweep is planned against: the connected cluster's resources now and the most it
+    can grow to; ``most`` is None where an autoscaler adds nodes without saying how many."""
+
+    now: dict[str, float]
+    most: dict[str, float] | None
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.most != self.now
+
+
+def capacity() -> Capacity:
+    """The connected cluster's capacity. Autoscaler v2 and KubeRay publish the most their node
+    groups reach; the v1 autoscaler of ``ray up`` clusters does not, and is recognised by node
+    types of its own (a cluster that cannot launch nodes reports one anonymous type per node)."""
+    import ray
+
+    now = {kind: float(amount) for kind, amount in ray.cluster_resources().items()}
+    published = ray._private.state.state.get_max_resources_from_cluster_config()
+    if published:
+        kinds = {*now, *published}
+        return Capacity(now, {k: max(now.get(k, 0.0), float(published.get(k, 0))) for k in kinds})
+    return Capacity(now, None if _launches_nodes() else now)
+
+
+def _launches_nodes() -> bool:
+    """Whether the cluster's v1 autoscaler has node types to launch (from its status report)."""
+    from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+    from ray.autoscaler._private.util import format_readonly_node_type
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(DEBUG_AUTOSCALING_STATUS)
+    report = (json.loads(raw).get("autoscaler_report") if raw else None) or {}
+    types = report.get("node_type_mapping") or {}
+    return any(kind != format_readonly_node_type(node) for node, kind in types.items())

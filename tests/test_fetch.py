@@ -520,6 +520,12 @@ def test_unknown_name_lists_known() -> None:
         {"filename": "a.txt", "extract": True},
         {"extract_to": "x"},
         {"unknown_field": 1},
+        {"members": [{"path": "x/a", "md5": "0" * 32}]},  # not an archive
+        {"filename": "a.gz", "extract": True, "members": [{"path": "a", "md5": "0" * 32}]},
+        {"filename": "a.zip", "extract": True, "members": [{"path": "x/../a", "md5": "0" * 32}]},
+        {"filename": "a.zip", "extract": True, "members": [{"path": "x/a"}]},  # no digest
+        {"filename": "a.zip", "extract": True,
+         "members": [{"path": "x/a", "md5": "0" * 32}, {"path": "x/a", "md5": "1" * 32}]},
     ],
 )
 def test_filespec_validation(bad: dict) -> None:
@@ -621,3 +627,223 @@ def test_http_connection_cut_short_is_rejected(source: Path, root: Path, http_se
     msg = str(err.value)
     assert "broke off" in msg or "truncated" in msg
     _assert_nothing_usable(root)
+
+
+# ------------------------------------------------------------------------------------------
+# a rejected archive leaves the cache as it was
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under the cache root and its bytes; fetch's lock files aside."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.name.endswith(".lock")}
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "truncated", "wrong-checksum"])
+def test_rejected_archive_leaves_the_cache_untouched(
+    source: Path, tmp_path: Path, root: Path, fault: str
+) -> None:
+    """Another dataset already in the cache keeps every byte; nothing of the rejected one is
+    left, not even a partial file."""
+    other = _manifest(source, name="other")
+    fetch("other", root=root, manifest=other)
+    before = _snapshot(root)
+    m = _manifest(source)  # size and sha256 of the good archive
+    archive = (source / "toy.tar.gz").read_bytes()
+    if fault == "corrupt":  # one byte flipped in the middle: same size, other content
+        middle = len(archive) // 2
+        bad = archive[:middle] + bytes([archive[middle] ^ 0xFF]) + archive[middle + 1:]
+        (source / "toy.tar.gz").write_bytes(bad)
+        expected = f"actual sha256 {_sha256(bad)}"
+    elif fault == "truncated":
+        (source / "toy.tar.gz").write_bytes(archive[: len(archive) // 3])
+        expected = f"truncated download of toy.tar.gz: expected {len(archive)} bytes"
+    else:
+        spec = m.files[0].model_copy(update={"sha256": "1" * 64})
+        m = m.model_copy(update={"files": [spec, m.files[1]]})
+        expected = f"expected sha256 {'1' * 64}, actual sha256 {_sha256(archive)}"
+    with pytest.raises(DatasetError) as err:
+        fetch("toy", root=root, manifest=m)
+    assert expected in str(err.value)
+    assert _snapshot(root) == before
+    assert not (root / "toy").exists()
+    assert is_complete("other", root=root, manifest=other)
+
+
+def _with_members(spec: dict, members: dict[str, bytes]) -> dict:
+    return {**spec, "members": [{"path": p, "md5": _md5(b)} for p, b in members.items()]}
+
+
+def test_archive_whose_unpacked_files_do_not_match_the_manifest_is_rejected(
+    source: Path, root: Path
+) -> None:
+    """The archive's own digest is right, but a file it unpacks to is not what the manifest
+    lists (or is absent): nothing is unpacked into place and the archive goes."""
+    archive = _manifest(source).files[0].model_dump(exclude_defaults=True)
+    listed = {"toy/data_batch_1": b"b" * 5000, "toy/meta": MEMBERS["toy/meta"]}
+    m = _manifest(source, files=[_with_members(archive, listed)])
+    with pytest.raises(DatasetError) as err:
+        fetch("toy", root=root, manifest=m)
+    msg = str(err.value)
+    assert f"checksum mismatch for toy/data_batch_1 in toy.tar.gz: expected md5 " \
+           f"{_md5(b'b' * 5000)}, actual md5 {_md5(MEMBERS['toy/data_batch_1'])}" in msg
+    assert "the archive was removed" in msg
+    _assert_nothing_usable(root)
+    absent = _manifest(source, files=[_with_members(archive, {**MEMBERS, "toy/labels": b"x"})])
+    with pytest.raises(DatasetError, match="toy.tar.gz lacks toy/labels"):
+        fetch("toy", root=root, manifest=absent)
+    _assert_nothing_usable(root)
+    folder = fetch("toy", root=root, manifest=_manifest(source, files=[
+        _with_members(archive, MEMBERS)]))
+    assert (folder / "toy" / "toy" / "meta").read_bytes() == MEMBERS["toy/meta"]
+
+
+# ------------------------------------------------------------------------------------------
+# CIFAR's pickles are read only once they hashed to the manifest's digests
+
+
+class _Canary:
+    """Unpickling this creates a folder: proof that a pickle was loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (str(self.path),)
+
+
+def _fake_cifar10(server: Path) -> tuple[Manifest, dict[str, bytes]]:
+    """A CIFAR-10 archive of two images per batch and the shipped manifest pointed at it, with
+    its md5s (the shipped ones describe the real archive)."""
+    import pickle
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    batches = {f"cifar-10-batches-py/{name}": pickle.dumps(
+        {"data": rng.integers(0, 256, (2, 3072), dtype=np.uint8), "labels": [i % 10, 9]})
+        for i, name in enumerate([f"data_batch_{k}" for k in range(1, 6)] + ["test_batch"])}
+    batches["cifar-10-batches-py/batches.meta"] = pickle.dumps(
+        {"label_names": [f"c{i}" for i in range(10)]})
+    archive = _tar_gz(batches)
+    (server / "cifar-10-python.tar.gz").write_bytes(archive)
+    shipped = load_manifest("cifar10")
+    spec = shipped.files[0].model_copy(update={
+        "url": (server / "cifar-10-python.tar.gz").as_uri(), "md5": _md5(archive),
+        "members": [member.model_copy(update={"md5": _md5(batches[member.path])})
+                    for member in shipped.files[0].members]})
+    assert {m.path for m in spec.members} == set(batches)  # the shipped manifest lists them all
+    return shipped.model_copy(update={"files": [spec]}), batches
+
+
+@pytest.fixture()
+def fake_cifar10(source: Path, root: Path, monkeypatch: pytest.MonkeyPatch):
+    """CIFAR-10 fetched into the cache from a fake archive; the cache reads the fake manifest."""
+    from raylf.data import cache
+
+    manifest, batches = _fake_cifar10(source)
+    monkeypatch.setattr(cache, "load_manifest",
+                        lambda name: manifest if name == "cifar10" else load_manifest(name))
+    folder = fetch("cifar10", root=root)
+    return folder / "cifar-10-python", batches
+
+
+def _load_cifar10(root: Path):
+    from raylf.data.sources import SOURCES, load_source
+
+    return load_source("cifar10", SOURCES.get("cifar10").Params(root=str(root)))
+
+
+def test_cifar_batches_swapped_after_the_fetch_are_never_unpickled(
+    fake_cifar10, root: Path, tmp_path: Path
+) -> None:
+    unpacked, batches = fake_cifar10
+    data = _load_cifar10(root)
+    assert data.x.shape == (12, 3, 32, 32) and data.class_names == [f"c{i}" for i in range(10)]
+    canary = tmp_path / "unpickled"
+    swapped = unpacked / "cifar-10-batches-py" / "data_batch_3"
+    swapped.write_bytes(__import__("pickle").dumps(_Canary(canary)))
+    with pytest.raises(DatasetError) as err:
+        _load_cifar10(root)
+    assert not canary.exists()
+    msg = str(err.value)
+    assert f"checksum mismatch for {swapped}: expected md5 " \
+           f"{_md5(batches['cifar-10-batches-py/data_batch_3'])}" in msg
+    repair = f"python -m raylf.datasets fetch cifar10 --force --root {root.absolute()}"
+    assert "it was not read" in msg and repair in msg
+    with pytest.raises(DatasetError, match="checksum mismatch") as verified:
+        verify("cifar10", root=root)
+    assert repair in str(verified.value)
+    fetch("cifar10", root=root, force=True)  # the repair the message names
+    assert np_equal(_load_cifar10(root).x, data.x) and not canary.exists()
+
+
+def np_equal(a, b) -> bool:
+    import numpy as np
+
+    return bool(np.array_equal(a, b))
+
+
+def test_missing_cifar_batch_names_the_file_and_the_repair(fake_cifar10, root: Path) -> None:
+    unpacked, _ = fake_cifar10
+    (unpacked / "cifar-10-batches-py" / "test_batch").unlink()
+    with pytest.raises(DatasetError) as err:
+        _load_cifar10(root)
+    msg = str(err.value)
+    assert f"cannot read {unpacked / 'cifar-10-batches-py' / 'test_batch'}" in msg
+    assert "fetch cifar10 --force" in msg
+
+
+def test_tampered_cifar_batch_is_a_spec_error_before_anything_starts(
+    fake_cifar10, root: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from raylf import run
+    from tests.test_bad_input import assert_refused, experiment_file
+
+    unpacked, _ = fake_cifar10
+    (unpacked / "cifar-10-batches-py" / "batches.meta").write_bytes(b"\x80\x04N.")
+    spec = experiment_file(tmp_path, dataset={"name": "cifar10", "root": str(root)},
+                           model={"name": "mlp", "hidden": [8]})
+    code = run.main([str(spec), "--out", str(tmp_path / "out"), "--backend", "local"])
+    assert_refused(code, capsys.readouterr().err, "dataset.name",
+                   "fetch cifar10 --force", tmp_path / "out")
+
+
+@pytest.mark.parametrize("name, reader", [("cifar10", "CIFAR10"), ("cifar100", "CIFAR100")])
+def test_shipped_member_digests_are_torchvisions(name: str, reader: str) -> None:
+    """The md5s of the pickled files, as torchvision publishes them."""
+    import torchvision.datasets as tvd
+
+    cls = getattr(tvd, reader)
+    published = {f"{cls.base_folder}/{f}": md5 for f, md5 in cls.train_list + cls.test_list}
+    published[f"{cls.base_folder}/{cls.meta['filename']}"] = cls.meta["md5"]
+    (spec,) = load_manifest(name).files
+    assert {m.path: m.md5 for m in spec.members} == published
+    assert spec.md5 == cls.tgz_md5
+
+
+# ------------------------------------------------------------------------------------------
+# a damaged manifest says how to repair it
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("name: cifar10\nfiles: [{broken\n", "cannot read manifest"),
+    ("- a list\n", "must be a mapping"),
+    ("name: cifar10\n", "description: Field required"),
+])
+def test_damaged_manifest_names_the_file_the_problem_and_the_repair(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, problem: str
+) -> None:
+    from raylf.data import manifest
+
+    monkeypatch.setattr(manifest, "manifest_folder", lambda: tmp_path)
+    (tmp_path / "cifar10.yaml").write_text(text)
+    with pytest.raises(DatasetError) as err:
+        load_manifest("cifar10")
+    msg = str(err.value)
+    assert str(tmp_path / "cifar10.yaml") in msg and problem in msg
+    assert "git checkout -- raylf/data/manifests/cifar10.yaml" in msg
+    assert "pip install --force-reinstall --no-deps raylf" in msg
+    assert "\n" not in msg

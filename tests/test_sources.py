@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import pickle
@@ -70,6 +71,20 @@ def write_cifar(root: Path, name: str = "cifar10", per_batch: int = 20, seed=0) 
     mark_complete(root, name)
 
 
+def trust_unpacked(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Let the cache read the generated files an archive would have unpacked into ``folder``:
+    the shipped manifest lists the md5s of the real ones, which a source checks before reading."""
+    from raylf.data import cache
+
+    shipped = load_manifest(folder.name)
+    files = [spec.model_copy(update={"members": [member.model_copy(update={"md5": hashlib.md5(
+        (folder / spec.target / member.path).read_bytes()).hexdigest()}) for member in
+        spec.members]}) for spec in shipped.files]
+    generated = shipped.model_copy(update={"files": files})
+    monkeypatch.setattr(cache, "load_manifest",
+                        lambda name: generated if name == folder.name else load_manifest(name))
+
+
 def test_missing_dataset_says_how_to_fetch(tmp_path: Path) -> None:
     for name in ("mnist", "cifar10", "pneumonia", "shakespeare"):
         params = SOURCES.get(name).Params(root=str(tmp_path))
@@ -87,8 +102,10 @@ def test_idx_sources_read_the_fetch_layout(tmp_path: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar100"])
-def test_cifar_sources_read_the_fetch_layout(tmp_path: Path, name: str) -> None:
+def test_cifar_sources_read_the_fetch_layout(tmp_path: Path, name: str,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     write_cifar(tmp_path, name)
+    trust_unpacked(monkeypatch, tmp_path / name)
     data = load_source(name, SOURCES.get(name).Params(root=str(tmp_path)))
     n = 120 if name == "cifar10" else 40
     assert data.x.shape == (n, 3, 32, 32) and data.x.dtype == np.float32
@@ -253,3 +270,30 @@ def test_synthetic_clusters_group_class_means() -> None:
     dist = np.linalg.norm(means[:, None] - means[None], axis=-1)
     same = dist[0, 2], dist[1, 3]  # classes c and c+2 share cluster c mod 2
     assert max(same) < min(dist[0, 1], dist[2, 3])
+
+
+def test_digits28_is_a_seeded_mnist_sized_stand_in() -> None:
+    from raylf.data.sources import _augmented_digits
+
+    params = SOURCES.get("digits28").Params
+    data = load_source("digits28", params(n_samples=3000))
+    assert data.x.shape == (3000, 1, 28, 28) and data.x.dtype == np.float32
+    assert 0 <= data.x.min() and data.x.max() <= 1 and data.raw_scale == 16.0
+    assert np.bincount(data.y, minlength=10).min() > 250
+    fresh = _augmented_digits.__wrapped__(3000, 0)  # regenerated, not the cached arrays
+    assert np.array_equal(fresh[0], data.x) and np.array_equal(fresh[1], data.y)
+    other = load_source("digits28", params(n_samples=3000, seed=1))
+    assert np.array_equal(other.y, data.y) and not np.allclose(other.x, data.x)
+    copies = data.x[[0, 1797]]  # one original under two affine maps
+    assert not np.allclose(copies[0], copies[1])
+    centre, border = data.x[..., 6:22, 6:22].mean(), data.x[..., :2, :].mean()
+    assert border < centre / 10  # drawn in the middle of the frame, as MNIST is
+
+
+def test_digits28_gives_realistic_client_sizes() -> None:
+    spec = validate({"dataset": {"name": "digits28"}, "scenario": {"name": "iid",
+                                                                   "test_fraction": 0.2},
+                     "model": {"name": "cnn"}, "method": {"name": "fedavg"},
+                     "federation": {"num_clients": 5, "rounds": 1}})
+    fed = build_federation(spec)
+    assert list(fed.n_train) == [1600] * 5 and list(fed.n_test) == [400] * 5

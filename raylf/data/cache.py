@@ -3,6 +3,8 @@
 :func:`fetch` downloads a manifest's files into the cache, verifies them and unpacks archives;
 :func:`require` is what data sources call: it returns the dataset folder when a completed fetch is
 recorded there, and otherwise raises :class:`DatasetMissing` saying exactly how to get the data.
+:func:`read_verified` is how a source reads a file an archive unpacked when the manifest publishes
+its digest: the bytes come back only once they hash to it.
 
 Cache layout (``DIR`` = :func:`data_root`)::
 
@@ -19,6 +21,7 @@ passes ``allow_unverified=True``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
@@ -156,14 +159,51 @@ def fetch(
 def verify(
     name: str, root: str | os.PathLike[str] | None = None, manifest: Manifest | None = None
 ) -> Path:
-    """Re-hash every kept file of a fetched dataset against the manifest (slow, thorough)."""
+    """Re-hash every kept file of a fetched dataset, and every unpacked file the manifest lists,
+    against the manifest (slow, thorough)."""
     folder = require(name, root, manifest)
     manifest = _resolve_manifest(name, manifest)
+    fix = _refetch(name, folder)
     for spec in manifest.files:
-        path = folder / spec.filename
-        if spec.verified:
-            check_digests(spec, hash_file(path, spec.digests), str(path))
+        checked = [(spec, folder / spec.filename)] if spec.verified else []
+        checked += [(member, folder / (spec.target or "") / member.path)
+                    for member in spec.members]
+        for digested, path in checked:
+            if not path.is_file():
+                raise DatasetError(f"{path} is missing; {fix}")
+            check_digests(digested, hash_file(path, digested.digests), str(path), fix)
     return folder
+
+
+def read_verified(folder: Path, relative: str, manifest: Manifest | None = None) -> bytes:
+    """The bytes of ``folder/relative``, a file an archive of the dataset in ``folder`` (a
+    dataset folder of the cache) unpacked, once they hash to the digest its manifest publishes.
+
+    The bytes hashed are the bytes returned, so nothing can swap the file between check and
+    use; that matters for pickled data, which runs code as it loads. A file the manifest gives
+    no digest for is refused, as is a missing or mismatching one (with the command that
+    repairs the cache).
+    """
+    name = folder.name
+    manifest = _resolve_manifest(name, manifest)
+    members = {f"{spec.target}/{member.path}": member
+               for spec in manifest.files for member in spec.members}
+    if relative not in members:
+        raise DatasetError(f"{folder / relative}: the manifest of {name!r} publishes no digest "
+                           "for it, so it is not read")
+    path = folder / relative
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc}; {_refetch(name, folder)}") from exc
+    member = members[relative]
+    actual = {alg: hashlib.new(alg, data).hexdigest() for alg in member.digests}
+    check_digests(member, actual, str(path), f"it was not read; {_refetch(name, folder)}")
+    return data
+
+
+def _refetch(name: str, folder: Path) -> str:
+    return f"repair the cache with: {FETCH_COMMAND} {name} --force --root {folder.parent}"
 
 
 def _resolve_manifest(name: str, manifest: Manifest | None) -> Manifest:

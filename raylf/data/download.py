@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from raylf.data import atomic_files
-from raylf.data.manifest import DatasetError, FileSpec
+from raylf.data.manifest import DatasetError, Digested, FileSpec
 
 log = logging.getLogger(__name__)
 
@@ -120,14 +120,19 @@ def _check_size(spec: FileSpec, actual: int, url: str | None, what: str) -> None
         )
 
 
-def check_digests(spec: FileSpec, actual: dict[str, str], what: str) -> None:
-    """Raise :class:`DatasetError` (expected vs actual) unless every published digest matches."""
+_NOT_KEPT = ("the file was not kept; the download may be truncated or corrupted, or the source "
+             "changed")
+
+
+def check_digests(spec: Digested, actual: dict[str, str], what: str,
+                  consequence: str = _NOT_KEPT) -> None:
+    """Raise :class:`DatasetError` (expected vs actual, then ``consequence``: what became of the
+    file and what to do) unless every published digest matches."""
     for alg, expected in spec.digests.items():
         if actual.get(alg) != expected:
             raise DatasetError(
                 f"checksum mismatch for {what}: expected {alg} {expected}, "
-                f"actual {alg} {actual.get(alg)} (the file was not kept; the download may be "
-                f"truncated or corrupted, or the source changed)"
+                f"actual {alg} {actual.get(alg)} ({consequence})"
             )
 
 

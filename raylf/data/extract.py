@@ -2,7 +2,9 @@
 
 The archive is unpacked into a temporary folder next to its target and renamed into place, so the
 target is either the complete tree or absent. Members with absolute or ``..`` paths, links and
-device files are refused; a broken archive is removed and raises :class:`DatasetError`.
+device files are refused; the files the manifest lists as the archive's ``members`` must be there
+with their digests. A broken archive, or one whose members do not match, is removed and raises
+:class:`DatasetError`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from raylf.data import atomic_files
+from raylf.data.download import check_digests, hash_file
 from raylf.data.manifest import DatasetError, FileSpec, archive_suffix
 
 
@@ -47,15 +50,37 @@ def extract(spec: FileSpec, folder: Path) -> None:
             ValueError,
             zlib.error,
         ) as exc:
-            with contextlib.suppress(FileNotFoundError):
-                archive.unlink()
+            _discard(archive)
             raise DatasetError(
                 f"broken archive {spec.filename}: {type(exc).__name__}: {exc} "
                 f"(expected a valid {suffix} archive; the file was removed)"
             ) from exc
+        try:
+            _check_members(spec, produced)
+        except DatasetError:
+            _discard(archive)
+            raise
         atomic_files.replace(produced, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard(archive: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        archive.unlink()
+
+
+def _check_members(spec: FileSpec, unpacked: Path) -> None:
+    """Every member the manifest lists is in the unpacked tree with its digests."""
+    consequence = ("the archive was removed; fetch it again, and if this recurs the manifest's "
+                   "member digest does not describe this archive")
+    for member in spec.members:
+        path = unpacked / member.path
+        if not path.is_file():
+            raise DatasetError(f"archive {spec.filename} lacks {member.path}, which its manifest "
+                               f"lists ({consequence})")
+        check_digests(member, hash_file(path, member.digests),
+                      f"{member.path} in {spec.filename}", consequence)
 
 
 def _safe_member(name: str) -> bool:

@@ -14,6 +14,8 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from raylf.data.normalize import Normalization, normalization_for
+from raylf.data.ragged import Ragged
 from raylf.data.scenarios import (
     Incompatible,
     check_compatible,
@@ -30,19 +32,20 @@ from raylf.seeding import stream
 class Federation:
     dataset: str
     dataset_params: object
-    train: list[np.ndarray]
-    test: list[np.ndarray]
+    train: Ragged  # per-client sample indices; reads like a list of arrays
+    test: Ragged
     groups: np.ndarray
     angles: np.ndarray | None
     input_shape: tuple[int, ...]
     num_classes: int
     tasks: tuple[str, ...] = ()
     label_maps: np.ndarray | None = None  # clients × classes: label seen for each true label
-    val: list[np.ndarray] | None = None  # per-client validation indices (scenario.val_fraction)
+    val: Ragged | None = None  # per-client validation indices (scenario.val_fraction)
+    normalization: Normalization = Normalization()  # applied to every input a shard holds
 
     @property
     def has_val(self) -> bool:
-        return self.val is not None and any(len(v) for v in self.val)
+        return self.val is not None and len(self.val.flat) > 0
 
     @property
     def num_clients(self) -> int:
@@ -50,12 +53,12 @@ class Federation:
 
     @cached_property
     def n_train(self) -> np.ndarray:
-        """Per-client training sizes, computed once (read every round; O(clients) to build)."""
-        return np.array([len(i) for i in self.train], dtype=np.int64)
+        """Per-client training sizes, computed once (read every round)."""
+        return self.train.lengths
 
     @cached_property
     def n_test(self) -> np.ndarray:
-        return np.array([len(i) for i in self.test], dtype=np.int64)
+        return self.test.lengths
 
     def train_bytes(self) -> int:
         """Size of all clients' training inputs as float32 (what a worker holding them keeps)."""
@@ -78,20 +81,30 @@ def build_federation(spec, source: SourceData | None = None) -> Federation:
     part = make_partition(spec.scenario.name, spec.scenario.params, source, num_clients,
                           stream(spec.seed, "partition"))
     if part.test is not None:
-        train, test = part.indices, part.test
+        train, test = Ragged.from_parts(part.indices), Ragged.from_parts(part.test)
     else:
         train, test = split_train_test(part.indices, spec.scenario.params.test_fraction,
                                        stream(spec.seed, "split"))
-    totals = [len(tr) + len(te) for tr, te in zip(train, test)]
-    train, val = split_validation(train, totals, spec.scenario.params.val_fraction,
-                                  stream(spec.seed, "split", 1))
+    if part.val is not None:
+        val = Ragged.from_parts(part.val)
+    else:
+        totals = train.lengths + test.lengths
+        train, val = split_validation(train, totals, spec.scenario.params.val_fraction,
+                                      stream(spec.seed, "split", 1))
     return Federation(spec.dataset.name, spec.dataset.params, train, test, part.groups,
                       part.angles, source.input_shape, source.num_classes, tuple(source.tasks),
-                      part.label_maps, val)
+                      part.label_maps, val, input_normalization(spec, source, train))
+
+
+def input_normalization(spec, source: SourceData, train: Ragged) -> Normalization:
+    """``dataset.normalize`` for this federation; statistics from its training split only.
+    A source whose parameters have no ``normalize`` field is used as it loads."""
+    mode = getattr(spec.dataset.params, "normalize", "unit")
+    return normalization_for(mode, source, train)
 
 
 def _rotate(x: torch.Tensor, degrees: float) -> torch.Tensor:
-    if degrees % 90 == 0:
+    if degrees % 90 == 0 or not len(x):  # torchvision's rotate refuses an empty batch
         return torch.rot90(x, k=int(degrees // 90) % 4, dims=(-2, -1))
     from torchvision.transforms.functional import rotate
 
@@ -159,24 +172,24 @@ class ShardData:
     @classmethod
     def build(cls, fed: Federation, client_ids: np.ndarray, source: SourceData,
               device: torch.device) -> ShardData:
-        def gather(parts: list[np.ndarray]) -> Split:
-            idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        def gather(parts: Ragged) -> Split:
+            idx, offsets = parts.flat, parts.offsets
             x = torch.from_numpy(source.x[idx]).to(device)
-            offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
             if fed.angles is not None:
                 for pos, cid in enumerate(client_ids):
                     rows = slice(int(offsets[pos]), int(offsets[pos + 1]))
                     x[rows] = _rotate(x[rows], float(fed.angles[cid]))
+            fed.normalization.apply(x)
             tasks = {t: torch.from_numpy(source.tasks[t][idx]).to(device) for t in source.tasks}
             y = source.y[idx]
             if fed.label_maps is not None:
                 y = fed.label_maps[np.repeat(client_ids, np.diff(offsets)), y]
             return Split(x, torch.from_numpy(y).to(device), tasks, offsets)
 
-        train = gather([fed.train[c] for c in client_ids])
-        test = gather([fed.test[c] for c in client_ids])
-        no_val = np.zeros(0, dtype=np.int64)
-        val = gather([fed.val[c] if fed.val is not None else no_val for c in client_ids])
+        train = gather(fed.train.take(client_ids))
+        test = gather(fed.test.take(client_ids))
+        val = gather(fed.val.take(client_ids) if fed.val is not None
+                     else Ragged.empty(len(client_ids)))
         position = {int(c): p for p, c in enumerate(client_ids)}
         return cls(client_ids, fed.groups[client_ids], train, test, val, position)
 

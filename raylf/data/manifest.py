@@ -45,15 +45,70 @@ def _check_plain_name(value: str, what: str) -> str:
     return value
 
 
-class FileSpec(BaseModel):
-    """One file of a dataset: where it comes from and what it must hash to."""
+class Digested(BaseModel):
+    """A file with the digests it must hash to (either or both)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    sha256: str | None = Field(default=None, description="hex SHA-256 of the file")
+    md5: str | None = Field(default=None, description="hex MD5 of the file")
+
+    @field_validator("md5", "sha256")
+    @classmethod
+    def _hex(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return None
+        value = value.strip().lower()
+        length = 32 if info.field_name == "md5" else 64
+        if len(value) != length or not _HEX_RE.match(value):
+            raise ValueError(f"{info.field_name} must be {length} hex digits, got {value!r}")
+        return value
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """Published digests, algorithm -> hex (sha256 first)."""
+        out = {}
+        if self.sha256:
+            out["sha256"] = self.sha256
+        if self.md5:
+            out["md5"] = self.md5
+        return out
+
+    @property
+    def verified(self) -> bool:
+        return bool(self.digests)
+
+    def describe_digest(self) -> str:
+        if not self.digests:
+            return "no published digest (unverified)"
+        return ", ".join(f"{alg} {hexd}" for alg, hexd in self.digests.items())
+
+
+class MemberSpec(Digested):
+    """A file an archive unpacks to, hashed again whenever raylf reads it (a pickled batch runs
+    code as it loads, and the archive's own digest says nothing about the file on disk later)."""
+
+    path: str = Field(description="'/'-separated path inside the folder the archive unpacks to")
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        for part in value.split("/"):
+            _check_plain_name(part, "each part of a member path")
+        return value
+
+    @model_validator(mode="after")
+    def _digest(self) -> MemberSpec:
+        if not self.verified:
+            raise ValueError(f"member {self.path!r} needs an md5 or sha256")
+        return self
+
+
+class FileSpec(Digested):
+    """One file of a dataset: where it comes from and what it must hash to (as downloaded)."""
+
     url: str = Field(description="http(s):// or file:// URL")
     filename: str = Field(description="name of the file inside the dataset folder")
-    sha256: str | None = Field(default=None, description="hex SHA-256 of the file as downloaded")
-    md5: str | None = Field(default=None, description="hex MD5 of the file as downloaded")
     extract: bool = Field(default=False, description="unpack (.tar.gz/.tgz/.tar/.zip/.gz)")
     extract_to: str | None = Field(
         default=None,
@@ -61,6 +116,9 @@ class FileSpec(BaseModel):
     )
     size: int | None = Field(default=None, gt=0, description="size in bytes, when published")
     mirrors: list[str] = Field(default_factory=list, description="alternative URLs, tried in order")
+    members: list[MemberSpec] = Field(
+        default_factory=list, description="files the archive unpacks to that are checked when "
+                                          "unpacked and again whenever they are read")
 
     @field_validator("url", "mirrors")
     @classmethod
@@ -81,17 +139,6 @@ class FileSpec(BaseModel):
     def _extract_to(cls, value: str | None) -> str | None:
         return None if value is None else _check_plain_name(value, "extract_to")
 
-    @field_validator("md5", "sha256")
-    @classmethod
-    def _hex(cls, value: str | None, info: Any) -> str | None:
-        if value is None:
-            return None
-        value = value.strip().lower()
-        length = 32 if info.field_name == "md5" else 64
-        if len(value) != length or not _HEX_RE.match(value):
-            raise ValueError(f"{info.field_name} must be {length} hex digits, got {value!r}")
-        return value
-
     @model_validator(mode="after")
     def _archive(self) -> FileSpec:
         if self.extract and archive_suffix(self.filename) is None:
@@ -103,26 +150,13 @@ class FileSpec(BaseModel):
             raise ValueError("extract_to is only meaningful with extract: true")
         if self.extract and self.target == self.filename:
             raise ValueError(f"extract_to must differ from filename {self.filename!r}")
+        if self.members and (not self.extract or archive_suffix(self.filename) == ".gz"):
+            raise ValueError("members need an archive that unpacks to a folder (extract: true, "
+                             "not .gz)")
+        paths = [m.path for m in self.members]
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"members of {self.filename!r} list a path twice")
         return self
-
-    @property
-    def digests(self) -> dict[str, str]:
-        """Published digests, algorithm -> hex (sha256 first)."""
-        out = {}
-        if self.sha256:
-            out["sha256"] = self.sha256
-        if self.md5:
-            out["md5"] = self.md5
-        return out
-
-    @property
-    def algorithm(self) -> str | None:
-        """The algorithm checked first ('sha256' or 'md5'), None when no digest is published."""
-        return next(iter(self.digests), None)
-
-    @property
-    def verified(self) -> bool:
-        return bool(self.digests)
 
     @property
     def urls(self) -> list[str]:
@@ -137,11 +171,6 @@ class FileSpec(BaseModel):
             return self.extract_to
         suffix = archive_suffix(self.filename) or ""
         return self.filename[: len(self.filename) - len(suffix)]
-
-    def describe_digest(self) -> str:
-        if not self.digests:
-            return "no published digest (unverified)"
-        return ", ".join(f"{alg} {hexd}" for alg, hexd in self.digests.items())
 
 
 class Manifest(BaseModel):
@@ -248,16 +277,28 @@ def list_manifests() -> list[Manifest]:
 
 
 def _read_manifest(path: Traversable, name: str) -> Manifest:
+    """Read one manifest; every error names the file, what is wrong in it and how to repair it."""
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
-        raise DatasetError(f"cannot read manifest {path}: {exc}") from exc
+        raise DatasetError(f"cannot read manifest {path}: {' '.join(str(exc).split())}; "
+                           f"{_repair(name)}") from exc
     if not isinstance(raw, dict):
-        raise DatasetError(f"manifest {path} must be a mapping, got {type(raw).__name__}")
+        raise DatasetError(f"manifest {path} must be a mapping, got {type(raw).__name__}; "
+                           f"{_repair(name)}")
     try:
         manifest = Manifest.model_validate(raw)
     except ValidationError as exc:
-        raise DatasetError(f"invalid manifest {path}:\n{exc}") from exc
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}"
+                             for e in exc.errors())
+        raise DatasetError(f"invalid manifest {path}: {problems}; {_repair(name)}") from exc
     if manifest.name != name:
-        raise DatasetError(f"manifest {path} declares name {manifest.name!r}; must be {name!r}")
+        raise DatasetError(f"manifest {path} declares name {manifest.name!r}; must be {name!r}; "
+                           f"{_repair(name)}")
     return manifest
+
+
+def _repair(name: str) -> str:
+    return (f"fix it, or restore the file raylf ships (git checkout -- "
+            f"raylf/data/manifests/{name}.yaml in a checkout, else pip install --force-reinstall "
+            "--no-deps raylf)")

@@ -76,12 +76,17 @@ class Ragged(Sequence):
         return Ragged(self.flat[rows], out.offsets)
 
     def shuffled(self, rng: np.random.Generator) -> Ragged:
-        """Every list in its own random order (one seeded key per element, sorted per client)."""
-        order = np.lexsort((rng.random(len(self.flat)), self.owners()))
+        """Every list in its own random order: one seeded key per element in [0, 1) added to its
+        client's position, then one sort (clients stay in place, their elements shuffle)."""
+        order = np.argsort(self.owners() + rng.random(len(self.flat)))
         return Ragged(self.flat[order], self.offsets)
 
     def sorted(self) -> Ragged:
-        return Ragged(self.flat[np.lexsort((self.flat, self.owners()))], self.offsets)
+        """Every list in ascending order (one sort of client-major keys)."""
+        if not len(self.flat):
+            return self
+        base = self.owners() * (int(self.flat.max()) + 1)
+        return Ragged(np.sort(base + self.flat) - base, self.offsets)
 
     def cut(self, heads: np.ndarray) -> tuple[Ragged, Ragged]:
         """Each list's first ``heads[k]`` elements, and the rest."""

@@ -1,7 +1,8 @@
 """Scenarios: partition a pooled dataset into clients, each with its own distribution.
 
-A partitioner sees only the labels (or, for ``natural``, the samples' owners) and a seeded
-generator and returns, per client, the indices of its samples plus its latent group;
+A partitioner sees only the labels (or, for ``natural``, the samples' owners; for ``given``, the
+partition the dataset brings) and a seeded generator and returns, per client, the indices of its
+samples plus its latent group;
 ``split_train_test`` then cuts each client's samples into its own train and test split, so both
 come from the client's distribution. A scenario that needs something of the dataset declares it
 in ``requires`` and ``check_compatible`` refuses a dataset that lacks it.
@@ -9,14 +10,20 @@ in ``requires`` and ``check_compatible`` refuses a dataset that lacks it.
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from raylf.data.sources import SourceData
+from raylf.data.ragged import Ragged
+from raylf.data.sources import SPLITS, SourceData
+from raylf.errors import SpecError
 from raylf.registry import Registry
+
+log = logging.getLogger(__name__)
 
 
 class ScenarioParams(BaseModel):
@@ -31,13 +38,15 @@ class ScenarioParams(BaseModel):
 class Partition:
     """Per-client sample indices, latent group ids, per-client input rotation in degrees,
     per-client label maps (clients × classes: the label a client sees for each true label) and,
-    for scenarios that must split in order, each client's test indices (``indices`` = train)."""
+    for scenarios that must split in order, each client's test indices (``indices`` = train)
+    and, where the split is given, its validation indices."""
 
-    indices: list[np.ndarray]
+    indices: Sequence[np.ndarray]  # a list, or a Ragged for scenarios built for many clients
     groups: np.ndarray
     angles: np.ndarray | None = None
     label_maps: np.ndarray | None = None
     test: list[np.ndarray] | None = None
+    val: list[np.ndarray] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -47,12 +56,16 @@ class Partition:
 SCENARIOS: Registry = Registry("scenario")
 
 
-def _spread(indices: np.ndarray, owners: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """Shuffle ``indices`` and cut them into ``owners`` nearly equal parts."""
-    return np.array_split(rng.permutation(indices), owners)
+def _spread(indices: np.ndarray, owners: int, rng: np.random.Generator) -> Ragged:
+    """Shuffle ``indices`` and cut them into ``owners`` nearly equal parts (the first
+    ``len % owners`` one longer, as ``np.array_split`` cuts)."""
+    size, extra = divmod(len(indices), owners)
+    lengths = np.full(owners, size, dtype=np.int64)
+    lengths[:extra] += 1
+    return Ragged.from_lengths(rng.permutation(indices), lengths)
 
 
-def _iid(y: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _iid(y: np.ndarray, num_clients: int, rng: np.random.Generator) -> Ragged:
     return _spread(np.arange(len(y)), num_clients, rng)
 
 
@@ -305,33 +318,100 @@ class Natural:
         return Partition(train, np.arange(num_clients, dtype=np.int64), test=test)
 
 
+@SCENARIOS.register("given")
+class Given:
+    """Bring your own partition: every sample goes to the client the dataset's ``client`` array
+    names (ids 0..N−1, N = federation.num_clients), so a LEAF, Flower-datasets or PFLlib split
+    runs on exactly its clients. With a ``split`` array every sample keeps its train / val /
+    test split (``test_fraction`` and ``val_fraction`` then do not apply) and every client
+    needs training and test samples; without one each client's samples are split like any
+    scenario's. Every client is its own group."""
+
+    requires = "client"
+
+    class Params(ScenarioParams):
+        pass
+
+    @staticmethod
+    def partition(source, num_clients, rng, params) -> Partition:
+        client, split = source.client_of, source.split_of
+        _check_given_clients(client, num_clients)
+        width = 1 if split is None else len(SPLITS)
+        key = client * width + (0 if split is None else split)
+        counts = np.bincount(key, minlength=num_clients * width).reshape(num_clients, width)
+        parts = np.split(np.argsort(key, kind="stable"), np.cumsum(counts.ravel())[:-1])
+        groups = np.arange(num_clients, dtype=np.int64)
+        if split is None:
+            _refuse_clients(counts[:, 0] < 2, "hold fewer than 2 samples, too few for a train "
+                                              "and a test split; give them more samples or "
+                                              "add a split array")
+            return Partition(parts, groups)
+        fixed = sorted({"test_fraction", "val_fraction"} & params.model_fields_set)
+        if fixed:
+            raise SpecError([(f"scenario.{fixed[0]}", (
+                "the dataset's split array fixes every sample's split; remove "
+                f"scenario.{fixed[0]} (or the split array)"))])
+        train, val, test = (parts[SPLITS.index(name)::width] for name in ("train", "val", "test"))
+        for name, column in (("training", "train"), ("test", "test")):
+            _refuse_clients(counts[:, SPLITS.index(column)] == 0,
+                            f"have no {name} samples (split '{column}'); give every client "
+                            f"{name} samples, or drop those clients and renumber the rest")
+        return Partition(list(train), groups, test=list(test), val=list(val))
+
+
+def _check_given_clients(client: np.ndarray, num_clients: int) -> None:
+    """The client array's ids must be exactly 0..num_clients−1."""
+    present = np.unique(client)
+    renumber = "renumber them 0..N-1 (np.unique(client, return_inverse=True)[1])"
+    if len(present) and present[-1] == len(present) - 1 != num_clients - 1:
+        raise SpecError([("federation.num_clients", (
+            f"the dataset's client array holds {len(present)} clients (ids 0..{present[-1]}) "
+            f"but federation.num_clients is {num_clients}; set "
+            f"federation.num_clients={len(present)}"))])
+    if len(present) != num_clients or present[-1] != num_clients - 1:
+        missing = np.setdiff1d(np.arange(num_clients), present)[:5].tolist()
+        beyond = present[present >= num_clients][:5].tolist()
+        raise SpecError([("dataset.path", (
+            f"the client array's ids must be 0..{num_clients - 1} (federation.num_clients="
+            f"{num_clients}); " + (f"ids without samples: {missing}; " if missing else "") +
+            (f"ids beyond: {beyond}; " if beyond else "") + renumber +
+            f" and set federation.num_clients to their count ({len(present)})"))])
+
+
+def _refuse_clients(bad: np.ndarray, problem: str) -> None:
+    if bad.any():
+        ids = np.flatnonzero(bad)
+        listed = ", ".join(map(str, ids[:5])) + (" …" if len(ids) > 5 else "")
+        raise SpecError([("dataset.path", f"client(s) {listed} of the client array {problem}")])
+
+
 def split_validation(
-    train: list[np.ndarray], totals: list[int], val_fraction: float, rng: np.random.Generator
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    train: Sequence[np.ndarray], totals: np.ndarray, val_fraction: float, rng: np.random.Generator
+) -> tuple[Ragged, Ragged]:
     """Hold ``val_fraction`` of each client's samples (of ``totals``) out of its training split,
-    keeping at least one training sample; 0 leaves the training split untouched."""
-    kept, val = [], []
-    for idx, total in zip(train, totals):
-        n_val = min(round(val_fraction * total), len(idx) - 1) if val_fraction else 0
-        shuffled = rng.permutation(idx)
-        val.append(np.sort(shuffled[:n_val]))
-        kept.append(idx if n_val == 0 else np.sort(shuffled[n_val:]))
-    return kept, val
+    keeping at least one training sample; 0 leaves the training split untouched. All clients
+    at once (one seeded shuffle of every client's list), so a million clients cost a sort."""
+    train = Ragged.from_parts(train)
+    if not val_fraction:
+        return train, Ragged.empty(len(train))
+    n_val = np.clip(np.round(val_fraction * np.asarray(totals)), 0,
+                    np.maximum(train.lengths - 1, 0)).astype(np.int64)
+    val, kept = train.shuffled(rng).cut(n_val)
+    return kept.sorted(), val.sorted()
 
 
 def split_train_test(
-    indices: list[np.ndarray], test_fraction: float, rng: np.random.Generator
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Cut each client's samples into train and test (at least one of each)."""
-    train, test = [], []
-    for idx in indices:
-        if len(idx) < 2:
-            raise ValueError("a client needs at least two samples to have a train and a test split")
-        shuffled = rng.permutation(idx)
-        n_test = min(max(1, round(test_fraction * len(idx))), len(idx) - 1)
-        test.append(np.sort(shuffled[:n_test]))
-        train.append(np.sort(shuffled[n_test:]))
-    return train, test
+    indices: Sequence[np.ndarray], test_fraction: float, rng: np.random.Generator
+) -> tuple[Ragged, Ragged]:
+    """Cut each client's samples into train and test (at least one of each), all clients at
+    once like ``split_validation``."""
+    indices = Ragged.from_parts(indices)
+    sizes = indices.lengths
+    if len(sizes) and sizes.min() < 2:
+        raise ValueError("a client needs at least two samples to have a train and a test split")
+    n_test = np.clip(np.round(test_fraction * sizes), 1, sizes - 1).astype(np.int64)
+    test, train = indices.shuffled(rng).cut(n_test)
+    return train.sorted(), test.sorted()
 
 
 class Incompatible(ValueError):
@@ -340,10 +420,13 @@ class Incompatible(ValueError):
 
 _NEEDS = {
     "tasks": ("extra task labels", lambda src: bool(src.tasks),
-              "multi-task datasets: digits_multitask, pneumonia, breast_ultrasound, or npz with "
-              "y_<task> arrays"),
+              "multi-task datasets: digits_multitask, digits28_multitask, pneumonia, "
+              "breast_ultrasound, or npz with y_<task> arrays"),
     "owners": ("natural owners of its samples", lambda src: src.owners is not None,
                "datasets with owners: shakespeare"),
+    "client": ("a partition of its own (a client array)", lambda src: src.client_of is not None,
+               "add a client array to the npz: the owning client id 0..N-1 of each sample, "
+               "optionally a split array of train / val / test"),
 }
 
 
@@ -359,5 +442,9 @@ def check_compatible(scenario: str, dataset: str, source: SourceData) -> None:
 def make_partition(name: str, params: BaseModel, source: SourceData, num_clients: int,
                    rng: np.random.Generator) -> Partition:
     scenario = SCENARIOS.get(name)
-    by = source.owners if getattr(scenario, "requires", None) == "owners" else source.y
+    need = getattr(scenario, "requires", None)
+    if source.client_of is not None and need != "client":
+        log.warning("the dataset brings its own partition (a client array); scenario %r "
+                    "partitions the pooled samples instead (scenario given uses it)", name)
+    by = source if need == "client" else source.owners if need == "owners" else source.y
     return scenario.partition(by, num_clients, rng, params)

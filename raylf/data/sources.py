@@ -2,16 +2,21 @@
 
 A source returns every sample it has (train and test pooled): scenarios then give each client a
 train and a test split drawn from that client's own distribution. Images come back as float32
-N×C×H×W scaled to [0, 1] (no mean/std normalization: models and methods see the same inputs
-whatever their architecture); text as int64 token ids N×L.
+N×C×H×W scaled to [0, 1], tables as float32 N×F, text as int64 token ids N×L. What the models
+see is set by ``dataset.normalize`` (raylf.data.normalize), applied after the partition because
+``standard`` takes its statistics from the training split: images default to ``standard``;
+``synthetic`` defaults to ``none`` (its features are generated on a standard scale already, and
+``unit`` has no pixel range to refer to); token ids accept only ``none``. A source whose
+``Params`` does not derive from ``SourceParams`` is used as it loads.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -19,9 +24,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from raylf.data import text
 from raylf.registry import Registry
 
+Normalize = Literal["standard", "unit", "none"]
+SPLITS = ("train", "val", "test")  # values of an npz's split array, coded by position
+
 
 class SourceParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    normalize: Normalize = Field(
+        "standard", description="standard: per-channel mean/std (published constants for "
+                                "torchvision's sets, else the pooled training split); unit: "
+                                "[0, 1]; none: raw values (0-255 pixels)")
 
 
 class CachedParams(SourceParams):
@@ -32,7 +44,11 @@ class CachedParams(SourceParams):
 @dataclass(frozen=True)
 class SourceData:
     """Pooled samples: ``x`` float32 N×C×H×W (or N×F, or int64 N×L tokens), ``y`` int64 labels
-    of the main task; ``owners`` the natural owner of each sample (a speaking role) if any."""
+    of the main task; ``owners`` the natural owner of each sample (a speaking role) if any;
+    ``client_of`` / ``split_of`` a partition the data bring along (the ``given`` scenario; split
+    coded as positions in ``SPLITS``); ``raw_scale`` the raw value of 1.0 in ``x`` and
+    ``published_stats`` the (mean, std) per channel that ``normalize: standard`` uses instead of
+    the training split's."""
 
     x: Any
     y: np.ndarray
@@ -40,6 +56,10 @@ class SourceData:
     class_names: list[str]
     tasks: dict[str, np.ndarray] = field(default_factory=dict)  # extra task labels, e.g. binary
     owners: np.ndarray | None = None
+    client_of: np.ndarray | None = None
+    split_of: np.ndarray | None = None
+    raw_scale: float = 1.0
+    published_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -78,7 +98,7 @@ class Digits:
         bunch = load_digits()
         x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
         return SourceData(Digits.resize(x, params.size), bunch.target.astype(np.int64), 10,
-                          [str(c) for c in range(10)])
+                          [str(c) for c in range(10)], raw_scale=16.0)
 
     @staticmethod
     def resize(x: np.ndarray, size: int) -> np.ndarray:
@@ -111,10 +131,90 @@ class DigitsMultitask:
 
     @staticmethod
     def load(params: Params) -> SourceData:
-        digits = Digits.load(Digits.Params(size=params.size))
-        multiclass = digits.y % 3
-        tasks = {"binary": (digits.y >= 5).astype(np.int64), "multiclass": multiclass}
-        return SourceData(digits.x, multiclass, 3, ["mod3=0", "mod3=1", "mod3=2"], tasks)
+        return _two_tasks(Digits.load(Digits.Params(size=params.size)))
+
+
+def _two_tasks(digits: SourceData) -> SourceData:
+    """Digit images relabelled as binary (digit ≥ 5) and multiclass (digit mod 3, the main
+    label)."""
+    multiclass = digits.y % 3
+    tasks = {"binary": (digits.y >= 5).astype(np.int64), "multiclass": multiclass}
+    return SourceData(digits.x, multiclass, 3, ["mod3=0", "mod3=1", "mod3=2"], tasks,
+                      raw_scale=digits.raw_scale)
+
+
+@SOURCES.register("digits28")
+class Digits28:
+    """MNIST-sized offline stand-in: the bundled digits, 20×20 in a 28×28 frame, seeded affines.
+
+    Each of scikit-learn's 1,797 digits is drawn 20×20 (bilinear) in the middle of a 28×28
+    frame, as MNIST centres its digits, and ``n_samples`` images are made from them in turn,
+    each under its own random affine map (rotation ±15°, scale 0.9–1.1, shear ±10°, shift ±2
+    px). Every original recurs about n_samples / 1,797 times, so a client's test split can hold
+    a transformed copy of one of its training digits, which makes test accuracy somewhat
+    optimistic. Deterministic in ``seed`` (the data's own, not the partition's);
+    generated in a fraction of a second and kept in memory per process.
+    """
+
+    class Params(SourceParams):
+        n_samples: int = Field(10_000, ge=10, le=200_000, description="images generated")
+        seed: int = Field(0, ge=0, description="seed of the augmentation (not of the partition)")
+
+    @staticmethod
+    def load(params: Params) -> SourceData:
+        x, y = _augmented_digits(params.n_samples, params.seed)
+        return SourceData(x, y, 10, [str(c) for c in range(10)], raw_scale=16.0)
+
+
+@SOURCES.register("digits28_multitask")
+class Digits28Multitask:
+    """digits28 with the two tasks of ``digits_multitask``: binary (digit ≥ 5) and multiclass
+    (digit mod 3, the main label); FMT-SVM at MNIST size and ~1,600 images per client."""
+
+    class Params(Digits28.Params):
+        pass
+
+    @staticmethod
+    def load(params: Params) -> SourceData:
+        return _two_tasks(Digits28.load(params))
+
+
+_AFFINE_RANGES = {"degrees": 15.0, "scale": 0.1, "shear_degrees": 10.0, "shift_px": 2.0}
+
+
+@lru_cache(maxsize=2)
+def _augmented_digits(n_samples: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Digits28's arrays (read-only: every load in this process shares them)."""
+    import torch
+    import torch.nn.functional as F
+
+    digits = Digits.load(Digits.Params(size=20))
+    base = np.arange(n_samples) % len(digits.y)
+    framed = np.pad(digits.x, ((0, 0), (0, 0), (4, 4), (4, 4)))[base]
+    theta = _inverse_affines(n_samples, framed.shape[-1], np.random.default_rng(seed))
+    images = torch.from_numpy(framed)
+    grid = F.affine_grid(torch.from_numpy(theta), list(images.shape), align_corners=False)
+    x = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    x = np.ascontiguousarray(x.clamp_(0.0, 1.0).numpy())
+    y = digits.y[base]
+    x.flags.writeable = y.flags.writeable = False
+    return x, y
+
+
+def _inverse_affines(n: int, side: int, rng: np.random.Generator) -> np.ndarray:
+    """n random affine maps about the image centre as grid_sample's n×2×3 matrices, which map
+    each output position back to where it samples the input (normalized coordinates, square
+    images, so rotation and shear keep their angles)."""
+    r = _AFFINE_RANGES
+    angle = np.deg2rad(rng.uniform(-r["degrees"], r["degrees"], n))
+    scale = rng.uniform(1 - r["scale"], 1 + r["scale"], n)
+    shear = np.tan(np.deg2rad(rng.uniform(-r["shear_degrees"], r["shear_degrees"], n)))
+    shift = rng.uniform(-r["shift_px"], r["shift_px"], (n, 2, 1)) * 2.0 / side
+    cos, sin = np.cos(angle) * scale, np.sin(angle) * scale
+    forward = np.stack([np.stack([cos, cos * shear - sin], -1),
+                        np.stack([sin, sin * shear + cos], -1)], 1)  # rotation·scale · shear
+    inverse = np.linalg.inv(forward)
+    return np.concatenate([inverse, -inverse @ shift], axis=2).astype(np.float32)
 
 
 @SOURCES.register("synthetic")
@@ -124,9 +224,14 @@ class Synthetic:
     Sized freely (``n_samples``), so scaling runs with 10,000 clients need no download. With
     ``clusters: C`` the class means themselves gather around C centres (class c in cluster
     c mod C), so classes of one cluster are similar and a clustering method has structure to find.
+    The features are unit-variance noise around the means, so ``normalize`` defaults to ``none``;
+    ``standard`` standardizes each feature on the training split.
     """
 
     class Params(SourceParams):
+        normalize: Normalize = Field("none", description="none (default) or standard (per "
+                                                         "feature); features have no [0, 1] "
+                                                         "pixel scale, so not unit")
         n_samples: int = Field(20_000, ge=2)
         n_features: int = Field(32, ge=1)
         num_classes: int = Field(10, ge=2)
@@ -135,6 +240,14 @@ class Synthetic:
         within: float = Field(0.5, gt=0, description="spread of class means around their "
                                                      "cluster centre, relative to separation")
         seed: int = Field(0, ge=0, description="seed of the data itself (not of the partition)")
+
+        @field_validator("normalize")
+        @classmethod
+        def _no_pixel_scale(cls, value: str) -> str:
+            if value == "unit":
+                raise ValueError("synthetic features have no [0, 1] pixel scale to keep; use "
+                                 "standard (per feature, on the training split) or none")
+            return value
 
     @staticmethod
     def load(params: Params) -> SourceData:
@@ -147,9 +260,16 @@ class Synthetic:
             owner = np.arange(params.num_classes) % params.clusters
             means = centres[owner] + rng.normal(0, params.within * params.separation, shape)
         y = rng.integers(0, params.num_classes, params.n_samples)
-        x = means[y] + rng.normal(0, 1, (params.n_samples, params.n_features))
+        import torch  # its generator draws the noise of 10M samples in a second, numpy's in 13
+
+        noise = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        x = torch.randn((params.n_samples, params.n_features), generator=noise).numpy()
+        means = means.astype(np.float32)
+        for start in range(0, params.n_samples, 1 << 20):  # in chunks: one copy of x at most
+            rows = slice(start, start + (1 << 20))
+            x[rows] += means[y[rows]]
         names = [f"class{c}" for c in range(params.num_classes)]
-        return SourceData(x.astype(np.float32), y.astype(np.int64), params.num_classes, names)
+        return SourceData(x, y.astype(np.int64), params.num_classes, names)
 
 
 # ------------------------------------------------------------------------------------------
@@ -172,13 +292,44 @@ def _idx_reader(cls: type) -> type:
 
 
 def _pickle_reader(cls: type) -> type:
-    """torchvision's CIFAR reader without its per-file md5 check: fetch verified the archive's
-    md5 when it was downloaded, and re-hashing 180 MB on every worker load buys nothing."""
-    return type(cls.__name__, (cls,), {
-        "train_list": [[f, None] for f, _ in cls.train_list],
-        "test_list": [[f, None] for f, _ in cls.test_list],
-        "meta": {**cls.meta, "md5": None},
-    })
+    """torchvision's CIFAR reader that unpickles each file only from bytes that matched the
+    digest its manifest publishes (``raylf.data.cache.read_verified``): a pickle runs code as it
+    loads, so a damaged or swapped file must never reach it. torchvision's own check hashes a
+    file and then opens it again, and its error does not say how to repair the cache. ``root``
+    is the folder the archive unpacked to inside the dataset's cache folder; ``download`` is
+    ignored (the cache fetches)."""
+    import pickle
+
+    from torchvision.datasets import VisionDataset
+
+    from raylf.data.cache import read_verified
+
+    def unpickle(root: Path, filename: str) -> dict:
+        data = read_verified(root.parent, f"{root.name}/{cls.base_folder}/{filename}")
+        return pickle.loads(data, encoding="latin1")
+
+    def __init__(self, root: str, train: bool = True, download: bool = False) -> None:
+        VisionDataset.__init__(self, root)
+        self.train = train
+        batches = [unpickle(Path(root), f) for f, _ in (cls.train_list if train else
+                                                        cls.test_list)]
+        self.data = np.vstack([b["data"] for b in batches]).reshape(-1, 3, 32, 32)
+        self.data = self.data.transpose(0, 2, 3, 1)  # HWC, as torchvision keeps it
+        key = "labels" if "labels" in batches[0] else "fine_labels"  # CIFAR-10 / CIFAR-100
+        self.targets = [y for b in batches for y in b[key]]
+        self.classes = unpickle(Path(root), cls.meta["filename"])[cls.meta["key"]]
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+
+    return type(cls.__name__, (cls,), {"__init__": __init__})
+
+
+# per-channel mean and std of each official training split on the [0, 1] scale, as published
+_PUBLISHED_STATS = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
 
 
 def _pooled(reader: type, root: Path) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -200,7 +351,8 @@ def _torchvision_source(name: str, reader_name: str, wrap, subfolder: str, doc: 
 
             folder = _require(name, params.root) / subfolder
             x, y, classes = _pooled(wrap(getattr(tvd, reader_name)), folder)
-            return SourceData(x, y, len(classes), [str(c) for c in classes])
+            return SourceData(x, y, len(classes), [str(c) for c in classes], raw_scale=255.0,
+                              published_stats=_PUBLISHED_STATS[name])
 
     Source.__doc__ = doc
     Source.__name__ = Source.__qualname__ = reader_name
@@ -232,6 +384,15 @@ class Shakespeare:
 
     class Params(CachedParams):
         seq_len: int = Field(50, ge=1, description="characters per sample (SP-CACW: 50)")
+        normalize: Normalize = Field("none", description="none only: token ids are categories")
+
+        @field_validator("normalize")
+        @classmethod
+        def _tokens(cls, value: str) -> str:
+            if value != "none":
+                raise ValueError("shakespeare's inputs are character ids, which are not scaled; "
+                                 "remove dataset.normalize (or set none)")
+            return value
 
     @staticmethod
     def load(params: Params) -> SourceData:
@@ -253,7 +414,13 @@ class Shakespeare:
 @SOURCES.register("npz")
 class Npz:
     """Bring your own data: an ``.npz`` with ``x`` (N×H×W, N×H×W×C or N×F; uint8 is scaled by
-    1/255, floats are kept) and integer ``y``; each extra ``y_<task>`` array becomes a task."""
+    1/255, floats are kept) and integer ``y``; each extra ``y_<task>`` array becomes a task.
+
+    Bring your own partition as well: ``client`` (the owning client of each sample, ids
+    0..N−1) and optionally ``split`` (``train`` / ``val`` / ``test`` per sample) are used as
+    they are by the ``given`` scenario; other scenarios partition the pooled samples and ignore
+    them (with a warning). ``standard`` normalizes per channel of images, per feature of N×F.
+    """
 
     class Params(SourceParams):
         path: str = Field(description="the .npz file")
@@ -288,11 +455,46 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> SourceData:
                              f"got {value.dtype} of shape {value.shape}")
         if value.min() < 0:
             raise ValueError(f"dataset.path: {key} in {where} has negative labels")
+    client_of, split_of = _given_partition(arrays, len(x), where)
+    raw_scale = 255.0 if x.dtype == np.uint8 else 1.0
     x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2) if x.ndim == 4 else x
     num_classes = int(y.max()) + 1
     tasks = {k[2:]: v.astype(np.int64) for k, v in labels.items() if k != "y"}
     return SourceData(_unit(x), y.astype(np.int64), num_classes,
-                      [str(c) for c in range(num_classes)], tasks)
+                      [str(c) for c in range(num_classes)], tasks, client_of=client_of,
+                      split_of=split_of, raw_scale=raw_scale)
+
+
+def _given_partition(arrays: dict[str, np.ndarray], n: int, where: str
+                     ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The ``client`` array (int64) and the ``split`` array (int8 positions in ``SPLITS``),
+    checked on their own; whether they fit the federation is the ``given`` scenario's check."""
+    client, split = arrays.get("client"), arrays.get("split")
+    if client is None:
+        if split is not None:
+            raise ValueError(f"dataset.path: split in {where} comes without a client array; add "
+                             "client (the owning client id of each sample) or remove split")
+        return None, None
+    if client.ndim != 1 or len(client) != n or not np.issubdtype(client.dtype, np.integer):
+        raise ValueError(f"dataset.path: client in {where} must be {n} integer client ids (one "
+                         f"per sample of x); got {client.dtype} of shape {client.shape}")
+    if n and client.min() < 0:
+        raise ValueError(f"dataset.path: client in {where} has negative ids; number the clients "
+                         "0..N-1")
+    if split is None:
+        return client.astype(np.int64), None
+    if split.ndim != 1 or len(split) != n or split.dtype.kind not in "US":
+        raise ValueError(f"dataset.path: split in {where} must be {n} strings (train, val or "
+                         f"test, one per sample of x); got {split.dtype} of shape {split.shape}")
+    values = split.astype(str)
+    unknown = sorted({str(v) for v in np.unique(values)} - set(SPLITS))
+    if unknown:
+        raise ValueError(f"dataset.path: split in {where} has unknown value(s) {unknown[:5]}; "
+                         f"allowed: {', '.join(SPLITS)}")
+    codes = np.zeros(n, dtype=np.int8)
+    for position, name in enumerate(SPLITS):
+        codes[values == name] = position
+    return client.astype(np.int64), codes
 
 
 def _medimeta_source(name: str, tasks: dict[str, str], doc: str) -> None:
@@ -310,7 +512,8 @@ def _medimeta_source(name: str, tasks: dict[str, str], doc: str) -> None:
 
             x, labels = medimeta.load(_require(name, params.root), tasks, params.size)
             classes = list(load_manifest(name).tasks.values())[1]  # the 3-class task
-            return SourceData(x, labels["multiclass"], len(classes), classes, labels)
+            return SourceData(x, labels["multiclass"], len(classes), classes, labels,
+                              raw_scale=255.0)
 
     Source.__doc__ = doc
     Source.__name__ = Source.__qualname__ = name.title().replace("_", "")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
@@ -34,3 +35,37 @@ def read_only():
             subprocess.run(step, check=True)
         else:
             step[0].chmod(step[1])
+
+
+@pytest.fixture
+def small_disk():
+    """``small_disk(path, mib)`` mounts a tmpfs of ``mib`` MiB at ``path`` until the test ends
+    and returns ``fill()``, which writes to it until the kernel answers ENOSPC: a disk that
+    really is full, for every process writing there (Ray's and Tune's included). Where no tmpfs
+    can be mounted (not root, or no CAP_SYS_ADMIN) the test is skipped."""
+    mounted = []
+
+    def make(path: Path, mib: int):
+        if os.geteuid() != 0:
+            pytest.skip("mounting a size-limited tmpfs needs root")
+        mount = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m", "tmpfs", str(path)],
+                               capture_output=True, text=True)
+        if mount.returncode:  # a container without CAP_SYS_ADMIN
+            pytest.skip(f"cannot mount a tmpfs here: {mount.stderr.strip()}")
+        mounted.append(path)
+
+        def fill() -> None:
+            chunk = b"\0" * 2**16
+            with (path / "filler").open("wb", buffering=0) as f:
+                try:
+                    while True:
+                        f.write(chunk)
+                except OSError as err:
+                    if err.errno != errno.ENOSPC:
+                        raise
+
+        return fill
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", str(path)], check=True)

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from raylf import results
-from tests.faults.helpers import kill_group, start_sweep, wait_for
+from tests.faults.helpers import complete_trials, kill_group, start_sweep, wait_for
 from tests.test_sweep import run_sweep, write_sweep
 
 MEASURED = re.compile(r".*(_s|_mb)$")  # seconds and memory: measured, not computed
@@ -81,21 +81,32 @@ def test_killed_worker_resumes_from_checkpoint_with_the_tables_of_an_unbroken_ru
 
 
 @pytest.mark.slow
-def test_storage_turning_read_only_stops_the_sweep_naming_the_path(tmp_path, read_only):
+@pytest.mark.parametrize("stops", ["read_only", "full"])
+def test_storage_that_stops_accepting_writes_stops_the_sweep_naming_the_path(
+        tmp_path, request, stops):
+    """The storage turns read-only, or fills up (ENOSPC), once the first trial has finished and
+    while the second is held in round 2."""
     gate = tmp_path / "second.gate"
     spec = write_sweep(
-        tmp_path, max_concurrent=1, max_failures=0, checkpoint_min_s=0,
+        tmp_path, max_concurrent=2, max_failures=0, checkpoint_min_s=0,
         overrides={"federation.rounds": 3},
         methods=[{"name": "fedavg"},
                  {"name": "gated_fedavg_se", "params": {"gate_round": 2, "gate_file": str(gate)}}],
         resources={"workers": 1, "cpus_per_worker": 0.5})
     storage = tmp_path / "out"
     root = storage / "t"
+    if stops == "full":
+        storage.mkdir()
+        fill = request.getfixturevalue("small_disk")(storage, 64)
     driver = start_sweep(spec, storage, RAYLF_PLUGINS="tests.plugins.gates")
     try:
-        wait_for(gate.exists, 240, "the second trial to reach round 2", driver)
+        wait_for(lambda: gate.exists() and complete_trials(root), 240,
+                 "the first trial's tables, with the second trial in round 2", driver)
         before = results.load(root)["trials"]
-        read_only(storage)
+        if stops == "full":
+            fill()
+        else:
+            request.getfixturevalue("read_only")(storage)
         gate.with_name(gate.name + ".release").touch()
         out, err = driver.communicate(timeout=240)
     finally:
@@ -103,6 +114,8 @@ def test_storage_turning_read_only_stops_the_sweep_naming_the_path(tmp_path, rea
             kill_group(driver)
     assert driver.returncode == 1, err[-3000:]
     assert f"cannot write to {root}" in err and "tables of finished trials are intact" in err
+    if stops == "full":
+        assert "No space left on device" in err
     after = results.load(root)["trials"]
     assert list(before["trial_id"]) == list(after["trial_id"]) == [
         t for t in after["trial_id"] if "-fedavg-" in t]

@@ -2,11 +2,11 @@
 
 ``gated_fedavg_se`` is FedAvg-SE (private heads: personal state that a resume must restore)
 whose first client to reach ``gate_round`` creates ``gate_file`` (holding its worker's actor
-name) and then waits for ``<gate_file>.release``; ``kill_worker`` makes that worker ``ray.kill``
-itself instead. With ``$RAYLF_TABLE_GATE`` set, the first trial to write its tables stops after
-its rounds and clients tables and before its trials row (written last) in the same way. A gate
-file that already exists lets everyone through, so a resumed attempt passes. Every wait has a
-deadline.
+name and, on the next line, its node's id) and then waits for ``<gate_file>.release``;
+``kill_worker`` makes that worker ``ray.kill`` itself instead. With ``$RAYLF_TABLE_GATE`` set,
+the first trial to write its tables stops after its rounds and clients tables and before its
+trials row (written last) in the same way. A gate file that already exists lets everyone
+through, so a resumed attempt passes. Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class GatedFedAvgSE(FedAvgSE):
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
                 time.sleep(WAIT_S)  # the kill lands while this round is in flight
                 raise TimeoutError(f"worker {actor} was not killed")
-            hold(gate, actor)
+            hold(gate, f"{actor}\n{ray.get_runtime_context().get_node_id()}")
         return super().local_update(trainer, payload, personal, data, seed, extra)
 
 
