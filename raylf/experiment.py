@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from raylf import results
+from raylf import learning_check, results
 from raylf.config import ExperimentSpec
 from raylf.data import build_federation
 from raylf.errors import SpecError
@@ -84,9 +84,11 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     started = time.perf_counter() - progress.wall_s
     runtime = checkpoints = None
     failure: BaseException | None = None
+    applied: dict[str, Any] = {}  # the input normalization's columns, once the data are built
     try:
         label = f"{trial_id}/{uuid.uuid4().hex[:6]}"  # unique actor names, retries included
         blueprint = Blueprint(spec, build_federation(spec))
+        applied = blueprint.federation.normalization.columns()
         blueprint.method()  # incompatible method and data fail here, before any actor starts
         runtime = open_runtime(backend, blueprint, placement, label)
         if snapshot is not None:
@@ -133,7 +135,8 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
             checkpoints.close()
     tables = {
         "trials": [trial_row(spec, trial_id, sweep, backend, status, error, diverged_round,
-                             progress, time.perf_counter() - started) | (extra or {})],
+                             progress, time.perf_counter() - started) | applied |
+                   (extra or {})],
         "rounds": [{"trial_id": trial_id, **r} for r in progress.rounds],
         "clients": [{"trial_id": trial_id, **c} for c in progress.clients],
         **{name: [{"trial_id": trial_id, **r} for r in rows]
@@ -200,6 +203,7 @@ def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, sta
     row["best_val_round"] = chosen.get("round")  # selected on validation data
     row["best_val_acc_mean"] = chosen.get("val_acc_mean")
     row["acc_mean_at_best_val"] = chosen.get("acc_mean")  # the test figure to report
+    row["warning"] = learning_check.not_learning(rounds)
     for key, value in spec.flat().items():
         row.setdefault(key, value)
     return row

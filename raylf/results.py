@@ -37,6 +37,10 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "task": _STR, "split": _STR, "deployable": _STR, "best_val_round": _INT,
     "best_val_acc_mean": _FLOAT, "acc_mean_at_best_val": _FLOAT, "correct": _INT,
     "accuracy": _FLOAT, "auc": _FLOAT,
+    # whether a run learns (raylf.learning_check)
+    "warning": _STR, "majority_rate": _FLOAT, "dead_relu_fraction": _FLOAT,
+    # the input normalization applied (raylf.data.normalize): JSON per-channel lists, origin
+    "normalize": _STR, "normalize_mean": _STR, "normalize_std": _STR, "normalize_from": _STR,
 }
 
 

@@ -11,7 +11,8 @@ import zlib
 import numpy as np
 import torch
 
-_PURPOSES = ("partition", "split", "participation", "client", "init", "method", "evaluate")
+_PURPOSES = ("partition", "split", "participation", "client", "init", "method", "evaluate",
+             "search")
 
 
 def _key(seed: int, purpose: str, *indices: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""``python -m raylf.sweep SPEC.yaml``: a grid of experiments × seeds on Ray Tune.
+"""``python -m raylf.sweep SPEC.yaml``: a grid of experiments × seeds on Ray Tune, or a search
+on validation data followed by the chosen points × seeds (``raylf.search_stages``).
 
 Each trial is a Tune function trial that reserves one placement-group bundle for itself, one for
 the coordinator and one per client worker; it reports every round, checkpoints every
@@ -9,9 +10,9 @@ resumed (finished trials are kept, unfinished ones continue from their last chec
 The console shows the plan, one line per finished trial and a progress line with an ETA, then
 the leaderboard; ``--verbose`` shows Tune's own tables instead.
 
-Exit codes: 0 every trial finished (ok, diverged or timeout), 1 some trial failed after its
-retries or the storage stopped accepting writes, 2 invalid sweep spec, data or resources the
-cluster can never provide (nothing ran).
+Exit codes: 0 every trial finished (ok, diverged, timeout or stopped by ASHA), 1 some trial
+failed after its retries or the storage stopped accepting writes, 2 invalid sweep spec, data or
+resources the cluster can never provide (nothing ran), 130 interrupted (run it again to resume).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +35,22 @@ from ray import tune
 from raylf import results
 from raylf.config import ExperimentSpec, SpecError
 from raylf.leaderboard import leaderboard, render
+from raylf.raycluster import Capacity
 from raylf.runtime.ray_backend import bundles
-from raylf.sweepspec import SweepSpec, Trial, check_runnable, load_sweep
+from raylf.search import objective_value, stop_mark
+from raylf.search_stages import (
+    TRACKERS,
+    GridStage,
+    describe_search,
+    search_then_replicate,
+    sweep_identity,
+    tracker_callbacks,
+)
+from raylf.sweepspec import SweepSpec, Trial, check_runnable, load_sweep, search_plans
 
 TRIAL_CPUS = 0.25  # bundle 0: the trial function, which only drives rounds and writes tables
-EXIT_FAILED, EXIT_SPEC = 1, 2
-RECORDED_ENDS = ("ok", "diverged", "timeout")  # a trial that ended so is never run again
+EXIT_FAILED, EXIT_SPEC, EXIT_INTERRUPTED = 1, 2, 130
+RECORDED_ENDS = ("ok", "diverged", "timeout", "stopped")  # never run again once ended so
 # Tune forces an experiment-state snapshot each time a trial has saved this many checkpoints
 # since the last one; with checkpoint_min_s between checkpoints that stays rarer than Tune's
 # own periodic snapshot.
@@ -47,6 +59,10 @@ CHECKPOINTS_KEPT = 3
 
 class StorageUnwritable(RuntimeError):
     """The sweep's storage stopped accepting writes: every further trial would fail the same."""
+
+
+class Interrupted(RuntimeError):
+    """Tune returned before every trial of a stage ended (Ctrl-C): nothing after it may run."""
 
 
 def default_storage() -> str:
@@ -95,22 +111,32 @@ def _resources(total: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in sorted(total.items()) if k in ("CPU", "GPU"))
 
 
-def describe_plan(sweep: SweepSpec, trials: list[Trial], total: dict[str, float],
+def describe_plan(sweep: SweepSpec, trials: list[Trial], cluster: Capacity,
                   where: str, listing: bool = True) -> list[str]:
     """The plan: trial count (and, with ``listing``, every trial), bundles and how many fit."""
-    fit = concurrent_fit(trials, total)
-    cap = sweep.max_concurrent
     points = len({(t.spec.method.name, json.dumps(t.point, sort_keys=True)) for t in trials})
     lines = [f"{len(trials)} trials" if listing else
              f"sweep {sweep.name}: {len(trials)} trials ({points} method/grid points × "
              f"{len(sweep.seeds)} seeds)"]
     if listing:
         lines += [f"  {t.trial_id}  {t.label}" for t in trials]
-    lines.append(f"bundles per trial: {trial_bundles(trials[0].spec)} (trial function, "
-                 "coordinator, one per client worker)")
-    lines.append(f"cluster ({where}): {_resources(total) or 'no resources'}; {fit} trial(s) fit "
-                 "at once" + (f", capped at {cap} by max_concurrent" if cap else ""))
-    return lines
+    return lines + resource_lines(sweep, trials, cluster, where)
+
+
+def resource_lines(sweep: SweepSpec, trials: list[Trial], cluster: Capacity,
+                   where: str) -> list[str]:
+    """Bundles per trial and how many of the largest fit the cluster at once (on an autoscaling
+    cluster: once it has grown)."""
+    cap = sweep.max_concurrent
+    if cluster.most is None:
+        fit = "an autoscaler adds nodes while trials wait for them"
+    else:
+        grows = f", up to {_resources(cluster.most)} by autoscaling" if cluster.autoscaling else ""
+        fit = f"{concurrent_fit(trials, cluster.most)} trial(s) fit at once{grows}"
+    return [f"bundles per trial: {trial_bundles(trials[0].spec)} (trial function, "
+            "coordinator, one per client worker)",
+            f"cluster ({where}): {_resources(cluster.now) or 'no resources'}; {fit}" +
+            (f", capped at {cap} by max_concurrent" if cap else "")]
 
 
 # ---- the Tune trial ---------------------------------------------------------------------------
@@ -161,24 +187,33 @@ def finished_row(root: str, trial_id: str) -> dict[str, Any] | None:
     return row
 
 
-def run_trial(config: dict[str, Any], *, specs: dict[str, dict], storage: str, sweep: str,
-              checkpoint_every: int, checkpoint_min_s: float) -> None:
+def _metrics(values: dict[str, Any], objective: str | None) -> dict[str, Any]:
+    """What a trial reports to Tune: the record's numbers, and the objective when it has one."""
+    report = _scalars(values)
+    if objective is not None:
+        value = objective_value(values, objective)
+        if value is not None:
+            report[objective] = value
+    return report
+
+
+def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int,
+              checkpoint_min_s: float) -> None:
     """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one."""
     import ray
 
-    from raylf.config import validate
-    from raylf.experiment import Progress, run_experiment
+    from raylf.experiment import Progress, RecordedStop, run_experiment
     from raylf.run import enforce_time_budget
 
-    trial_id = config["trial_id"]
-    spec = validate(specs[trial_id])
-    root = f"{storage.rstrip('/')}/{sweep}"
+    trial = stage.trial(config)
+    spec, trial_id, root = trial.spec, trial.trial_id, stage.root
     finished = finished_row(root, trial_id)
     if finished is not None:
         # Tune may not have persisted this trial's end before the driver died: its tables say
         # it finished, so report that and do not run it again.
-        tune.report({"trial_id": trial_id, "round": finished["rounds"], **{
-            k: v for k, v in finished.items() if k.startswith("acc_") and v is not None}})
+        tune.report({"trial_id": trial_id, "round": finished["rounds"], **_metrics(
+            {k: v for k, v in finished.items() if k.startswith(("acc_", "val_"))},
+            stage.objective)})
         return
     try:
         attempts = _mark_attempt(root, trial_id)
@@ -190,12 +225,13 @@ def run_trial(config: dict[str, Any], *, specs: dict[str, dict], storage: str, s
         with checkpoint.as_directory() as folder:
             progress = Progress(**json.loads((Path(folder) / "progress.json").read_text()))
             snapshot = torch.load(Path(folder) / "state.pt", weights_only=True)
-    metrics = TrialMetrics(sweep, trial_id, spec.method.name)
+    metrics = TrialMetrics(stage.sweep, trial_id, spec.method.name)
+    tune_trial = tune.get_context().get_trial_id()
     last_saved = -math.inf
 
     def on_round(outcome, runtime, prog, snapshot):
         nonlocal last_saved
-        report = {"trial_id": trial_id, **_scalars(outcome.record)}
+        report = {"trial_id": trial_id, **_metrics(outcome.record, stage.objective)}
         metrics.record(outcome.record)
         final = prog.next_round > spec.federation.rounds
         if snapshot is None or (not final and time.monotonic() - last_saved < checkpoint_min_s):
@@ -209,13 +245,20 @@ def run_trial(config: dict[str, Any], *, specs: dict[str, dict], storage: str, s
                 tune.report(report, checkpoint=tune.Checkpoint.from_directory(folder))
             last_saved = time.monotonic()
         enforce_time_budget(spec, prog)
+        stop = stage.scheduled and not final and stop_mark(stage.path, tune_trial)
+        if stop and outcome.record["round"] >= stop["round"]:
+            value = "-" if stop["value"] is None else format(stop["value"], ".4f")
+            raise RecordedStop("stopped", (
+                f"stopped by ASHA after round {stop['round']}: {stage.objective} {value} was "
+                f"below its rung's cutoff ({spec.federation.rounds - stop['round']} rounds "
+                "saved)"))
 
     placement = (ray.util.get_current_placement_group(), 1)
     try:
-        run_experiment(spec, backend="ray", out=root, trial_id=trial_id, sweep=sweep,
+        run_experiment(spec, backend="ray", out=root, trial_id=trial_id, sweep=stage.sweep,
                        placement=placement, on_round=on_round, checkpoint_every=checkpoint_every,
                        progress=progress, snapshot=snapshot,
-                       reraise=True, extra={"attempts": attempts})
+                       reraise=True, extra={"attempts": attempts, **stage.extra})
     except OSError as err:
         raise StorageUnwritable(f"cannot write to {root}: {err}") from None
 
@@ -252,20 +295,22 @@ class SweepConsole(tune.Callback):
     and there are no escape codes. The ETA extrapolates the rounds finished so far.
     """
 
-    COLOURS = {"ok": "32", "diverged": "33", "timeout": "33", "failed": "31", "retry": "33"}
+    COLOURS = {"ok": "32", "diverged": "33", "timeout": "33", "stopped": "33", "failed": "31",
+               "retry": "33"}
 
-    def __init__(self, trials: list[Trial], root: str, stream=None):
-        self.trials = {t.trial_id: t for t in trials}
-        self.root = root
+    def __init__(self, stage, stream=None):
+        self.stage = stage
+        self.root = stage.root
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()
-        self.rounds = {t.trial_id: 0 for t in trials}
-        self.total_rounds = sum(t.spec.federation.rounds for t in trials) or 1
+        self.known: dict[str, Trial] = {}  # Tune's trial id → the trial its config stands for
+        self.rounds: dict[str, int] = {}
+        self.total_rounds = stage.rounds or 1
         self.done: set[str] = set()
         self.running: set[str] = set()
         self.started = time.monotonic()
         self.rounds_at_start: int | None = None
-        self.width = max(len(t.label) for t in trials)
+        self.width = stage.width
         self.storage_error: StorageUnwritable | None = None
 
     def __reduce__(self):
@@ -273,21 +318,25 @@ class SweepConsole(tune.Callback):
         # belongs to one process's terminal, so it unpickles as the restoring process's console.
         return (active_console, ())
 
+    def _trial(self, tune_trial) -> Trial:
+        if tune_trial.trial_id not in self.known:
+            self.known[tune_trial.trial_id] = self.stage.trial(tune_trial.config)
+        return self.known[tune_trial.trial_id]
+
     # Tune callback hooks
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.running.add(trial.config["trial_id"])
+        self.running.add(self._trial(trial).trial_id)
         self._progress()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self.rounds[trial.config["trial_id"]] = int(result.get("round", 0))
+        self.rounds[self._trial(trial).trial_id] = int(result.get("round", 0))
         self._progress()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._finished(trial.config["trial_id"], None)
+        self._finished(self._trial(trial), None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._line("retry", self.trials[trial.config["trial_id"]],
-                   f"attempt failed: {_last_line(trial.get_error())}")
+        self._line("retry", self._trial(trial), f"attempt failed: {_last_line(trial.get_error())}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         try:
@@ -295,14 +344,14 @@ class SweepConsole(tune.Callback):
         except OSError as err:  # every further trial would fail the same way: stop here
             self.storage_error = StorageUnwritable(f"cannot write to {self.root}: {err}")
             raise self.storage_error from None
-        self._finished(trial.config["trial_id"], _last_line(trial.get_error()))
+        self._finished(self._trial(trial), _last_line(trial.get_error()))
 
-    def start(self, already_done: list[str]) -> None:
-        for trial_id in already_done:
-            self.done.add(trial_id)
-            self.rounds[trial_id] = self.trials[trial_id].spec.federation.rounds
+    def start(self, already_done: dict[str, int]) -> None:
+        """``already_done``: trial id → rounds of the trials a resumed stage keeps."""
+        self.done.update(already_done)
+        self.rounds.update(already_done)
         if already_done:
-            self._print(f"resuming: {len(already_done)} of {len(self.trials)} trials already "
+            self._print(f"resuming: {len(already_done)} of {self.stage.planned} trials already "
                         "finished")
         self.rounds_at_start = sum(self.rounds.values())
 
@@ -312,14 +361,17 @@ class SweepConsole(tune.Callback):
             self.stream.flush()
 
     # rendering
-    def _finished(self, trial_id: str, tune_error: str | None) -> None:
-        trial = self.trials[trial_id]
+    def _finished(self, trial: Trial, tune_error: str | None) -> None:
+        trial_id = trial.trial_id
         self.done.add(trial_id)
         self.running.discard(trial_id)
         self.rounds[trial_id] = trial.spec.federation.rounds
         row = results.read_trial(self.root, trial_id) or {}
         status = row.get("status") or "failed"
-        if status == "ok":  # final mean and worst accuracy (per task for multi-task methods)
+        if status == "ok" and self.stage.objective is not None:  # a search trial: validation
+            value = objective_value(row, self.stage.objective)
+            detail = f"{self.stage.objective} {'-' if value is None else format(value, '.4f')}"
+        elif status == "ok":  # final mean and worst accuracy (per task for multi-task methods)
             keys = ["acc_mean", "acc_worst"] if "acc_mean" in row else sorted(
                 k for k in row if k.startswith(("acc_mean_", "acc_worst_")) and "_at_" not in k)
             detail = "  ".join(f"{k} {'-' if row.get(k) is None else format(row[k], '.4f')}"
@@ -327,21 +379,24 @@ class SweepConsole(tune.Callback):
         else:
             detail = _last_line(row.get("error")) or tune_error or "no tables written"
         seconds = f"  {row['wall_s']:.1f}s" if row.get("wall_s") is not None else ""
-        self._line(status, trial, f"{detail}{seconds}")
+        warning = f"  warning: {row['warning']}" if row.get("warning") else ""
+        self._line(status, trial, f"{detail}{seconds}{warning}")
 
     def _line(self, status: str, trial: Trial, detail: str) -> None:
         word = f"{status:<8}"
         if self.tty:
             word = f"\033[{self.COLOURS.get(status, '0')}m{word}\033[0m"
-        count = f"[{len(self.done):>{len(str(len(self.trials)))}}/{len(self.trials)}]"
+        planned = self.stage.planned
+        self.width = max(self.width, len(trial.label))
+        count = f"[{len(self.done):>{len(str(planned))}}/{planned}]"
         text = f"{count} {word} {trial.label:<{self.width}}  {detail}"
         if not self.tty:
             text += f"  ({self._status()})"
         self._print(text)
 
     def _status(self) -> str:
-        pending = len(self.trials) - len(self.done) - len(self.running)
-        parts = [f"done {len(self.done)}/{len(self.trials)}", f"running {len(self.running)}",
+        pending = max(0, self.stage.planned - len(self.done) - len(self.running))
+        parts = [f"done {len(self.done)}/{self.stage.planned}", f"running {len(self.running)}",
                  f"pending {pending}"]
         eta = self._eta()
         if eta is not None:
@@ -399,6 +454,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--verbose", action="store_true",
                         help="Tune's own progress tables and Ray's info logs instead of the "
                              "one-line-per-trial console")
+    parser.add_argument("--log", action="append", default=[], choices=sorted(TRACKERS),
+                        help="also log every trial to TensorBoard, MLflow or W&B through "
+                             "Tune's callbacks (offline, under the sweep directory; repeatable)")
     parser.add_argument("--dashboard", action="store_true",
                         help="start the local Ray with its dashboard on 127.0.0.1 and print "
                              "its URL")
@@ -442,66 +500,81 @@ def main(argv: list[str] | None = None) -> int:
     storage = args.storage or default_storage()
     try:
         sweep, trials = load_sweep(args.spec, overrides)
-        check_runnable([t.spec for t in trials])
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return EXIT_SPEC
-    root = f"{storage.rstrip('/')}/{sweep.name}"
-    trial_ids = sorted(t.trial_id for t in trials)
-    try:
-        check_same_sweep(root, trial_ids)
-        if args.resume and not tune.Tuner.can_restore(root):
+        plans, probes = search_plans(sweep, Path(args.spec).parent, args.spec) \
+            if sweep.searched else ([], [])
+        check_runnable([t.spec for t in trials + probes])
+        root = f"{storage.rstrip('/')}/{sweep.name}"
+        trackers = tracker_callbacks(args.log, root, sweep.name)
+        identity = sweep_identity(sweep, trials, plans)
+        check_same_sweep(root, identity)
+        if args.resume and not _claimed(root):
             raise SpecError([("--resume", f"no sweep to resume at {root}; run without --resume "
                                           "to start it")])
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC
-    wanted_gpus = max(t.spec.resources.gpus_per_worker for t in trials)
+    sizing = trials + probes  # every trial the sweep may run is like one of these
+    wanted_gpus = max(t.spec.resources.gpus_per_worker for t in sizing)
+
+    def describe(cluster: Capacity, where: str, listing: bool = True) -> list[str]:
+        if not plans:
+            return describe_plan(sweep, trials, cluster, where, listing)
+        return describe_search(sweep, plans, trials) + resource_lines(sweep, sizing, cluster,
+                                                                      where)
+
     if args.dry_run:
         address = args.address or os.environ.get("RAY_ADDRESS")
         if address:
             import ray
 
+            from raylf.raycluster import capacity
+
             ray.init(address=address, logging_level="error")
-            total, where = ray.cluster_resources(), f"connected to {address}"
+            cluster, where = capacity(), f"connected to {address}"
         else:
-            total, where = _local_totals(args, wanted_gpus), "a local Ray would be started"
-        print("\n".join(describe_plan(sweep, trials, total, where)))
+            total = _local_totals(args, wanted_gpus)
+            cluster, where = Capacity(total, total), "a local Ray would be started"
+        print("\n".join(describe(cluster, where)))
         print(f"tables would go to {root}/tables/")
         return 0
-    from raylf.raycluster import connect
+    from raylf.raycluster import capacity, connect
 
     context = connect(args.address, args.num_gpus, wanted_gpus, num_cpus=args.num_cpus,
                       dashboard=args.dashboard, verbose=args.verbose)
-    import ray
-
+    cluster = capacity()
     try:
-        check_plan(trials, ray.cluster_resources())
+        if cluster.most is not None:  # else trials wait for the nodes an autoscaler adds
+            check_plan(sizing, cluster.most)
         check_storage(root)
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC
     address = args.address or os.environ.get("RAY_ADDRESS")
     where = f"joined {address}" if address else "local Ray"
-    print("\n".join(describe_plan(sweep, trials, ray.cluster_resources(), where, listing=False)))
+    print("\n".join(describe(cluster, where, listing=False)))
     if args.dashboard and context is not None and context.dashboard_url:
         print(f"dashboard: http://{context.dashboard_url}")
     print(f"tables: {root}/tables/", flush=True)
-    claim(root, trial_ids)
-    console = SweepConsole(trials, root)
+    claim(root, identity)
+    fit = sweep.max_concurrent or max(1, len(sizing) if cluster.most is None else
+                                      concurrent_fit(sizing, cluster.most))
+    run = partial(run_stage, sweep=sweep, max_concurrent=fit, verbose=args.verbose,
+                  trackers=trackers)
     try:
-        grid = run_sweep(sweep, trials, storage, console, args.verbose)
+        if plans:
+            trials, choices, failed = search_then_replicate(sweep, plans, trials, storage, run)
+        else:
+            grid = run(GridStage(trials, sweep.name, storage))
+            choices, failed = {}, any(result.error is not None for result in grid)
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC
-    except tune.TuneError:  # how Tune passes on the console's StorageUnwritable
-        if console.storage_error is None:
-            raise
-        console.finish()
-        return _stopped(console.storage_error, root)
-    finally:
-        console.finish()
-    board = leaderboard(root, trials)
+    except StorageUnwritable as err:
+        return _stopped(err, root)
+    except Interrupted as err:
+        print(f"interrupted: {err}; run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    board = leaderboard(root, trials, choices)
     print(render(board))
     try:
         results.write_table(root, "leaderboard", "summary", results.to_table(
@@ -510,6 +583,11 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped(StorageUnwritable(f"cannot write to {root}: {err}"), root)
     print(f"tables: {root}/tables/{{{','.join((*results.TABLES, 'leaderboard'))}}}/  "
           f"load them with raylf.results.load({root!r})")
+    if plans:
+        print(f"search tables (validation, never reported): {root}/search/tables/  "
+              f"load them with raylf.results.load({root + '/search'!r})")
+    if "tensorboard" in args.log:
+        print(f"tensorboard: tensorboard --logdir {root}")
     try:
         from raylf.report import write_report  # matplotlib: only once the sweep is done
 
@@ -519,7 +597,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # the tables are safe; a report problem must not fail the sweep
         print(f"report: not written ({type(err).__name__}: {err}); "
               f"python -m raylf.report {root}", file=sys.stderr)
-    failed = [r for r in grid if r.error is not None]
     return EXIT_FAILED if failed else 0
 
 
@@ -530,43 +607,62 @@ def _stopped(err: StorageUnwritable, root: str) -> int:
     return EXIT_FAILED
 
 
-def run_sweep(sweep: SweepSpec, trials: list[Trial], storage: str, console: SweepConsole,
-              verbose: bool = False):
-    import ray
+def already_finished(stage) -> dict[str, int]:
+    """Trial id → rounds of the stage's trials whose tables say they ended for good."""
+    table = results.read_table(stage.root, "trials")
+    rows = table.to_pylist() if table is not None else []
+    return {r["trial_id"]: r["federation.rounds"] for r in rows
+            if stage.owns(r) and finished_row(stage.root, r["trial_id"]) is not None}
 
-    specs = {t.trial_id: t.spec.to_dict() for t in trials}
-    trials_by_id = {t.trial_id: t for t in trials}
+
+def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = False,
+              trackers: list[tune.Callback] = ()) -> tune.ResultGrid:
+    """Run (or resume) one Tune experiment of the sweep.
+    Tune's CSV and JSON results are kept; TensorBoard and the trackers only with ``--log``."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    console = SweepConsole(stage)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, specs=specs, storage=storage, sweep=sweep.name,
-                             checkpoint_every=sweep.checkpoint_every,
+        tune.with_parameters(run_trial, stage=stage, checkpoint_every=sweep.checkpoint_every,
                              checkpoint_min_s=sweep.checkpoint_min_s),
         lambda config: tune.PlacementGroupFactory(
-            trial_bundles(trials_by_id[config["trial_id"]].spec), strategy="PACK"))
-    path = f"{storage.rstrip('/')}/{sweep.name}"
+            trial_bundles(stage.trial(config).spec), strategy="PACK"))
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # objectives: evaluation rounds only
     run_config = tune.RunConfig(
-        name=sweep.name, storage_path=storage,
+        name=stage.name, storage_path=stage.storage_path,
         failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
-        callbacks=[] if verbose else [console],
+        callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *trackers,
+                   *([] if verbose else [console])],
         verbose=None if verbose else 0)
     _consoles[:] = [] if verbose else [console]
     if not verbose:  # Tune's newer output engine prints its start block even at verbose=0
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    if tune.Tuner.can_restore(path):
-        tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True)
+    if tune.Tuner.can_restore(stage.path):
+        tuner = tune.Tuner.restore(stage.path, trainable=trainable, resume_errored=True)
     else:
-        fit = concurrent_fit(trials, ray.cluster_resources())
+        space, search = stage.tune_setup(max_concurrent)
         tuner = tune.Tuner(
-            trainable,
-            param_space={"trial_id": tune.grid_search(sorted(specs))},
-            tune_config=tune.TuneConfig(max_concurrent_trials=sweep.max_concurrent or
-                                        max(1, fit), reuse_actors=False,
-                                        trial_name_creator=lambda t: t.config["trial_id"],
-                                        trial_dirname_creator=lambda t: t.config["trial_id"]),
-            run_config=run_config,
-        )
-    console.start([t for t in sorted(specs) if finished_row(path, t) is not None])
-    return tuner.fit()
+            trainable, param_space=space,
+            tune_config=tune.TuneConfig(
+                reuse_actors=False,
+                trial_name_creator=lambda t: stage.trial(t.config).trial_id,
+                trial_dirname_creator=lambda t: stage.trial(t.config).trial_id, **search),
+            run_config=run_config)
+    console.start(already_finished(stage))
+    try:
+        grid = tuner.fit()
+    except tune.TuneError:  # how Tune passes on the console's StorageUnwritable
+        if console.storage_error is None:
+            raise
+        raise console.storage_error from None
+    finally:
+        console.finish()
+    if grid.num_terminated + grid.num_errors < stage.planned:
+        raise Interrupted(f"{stage.planned - grid.num_terminated - grid.num_errors} trial(s) of "
+                          f"{stage.path} did not end")
+    return grid
 
 
 def _sweep_marker(path: str):
@@ -574,31 +670,36 @@ def _sweep_marker(path: str):
     return fs, f"{base}/sweep.json"
 
 
-def check_same_sweep(path: str, trial_ids: list[str]) -> None:
-    """A sweep directory resumes only the sweep that created it (Tune's grid is fixed)."""
+def _claimed(path: str) -> bool:
     import pyarrow.fs as pafs
 
     fs, marker = _sweep_marker(path)
-    if fs.get_file_info(marker).type != pafs.FileType.File:
+    return fs.get_file_info(marker).type == pafs.FileType.File
+
+
+def check_same_sweep(path: str, identity: dict[str, Any]) -> None:
+    """A sweep directory resumes only the sweep that created it (Tune's space is fixed)."""
+    if not _claimed(path):
         return
+    fs, marker = _sweep_marker(path)
     with fs.open_input_stream(marker) as f:
-        before = json.loads(f.read())["trial_ids"]
-    if before != trial_ids:
+        before = json.loads(f.read())
+    if before != identity:
+        old, new = before.get("trial_ids", []), identity["trial_ids"]
+        what = "searches" if before.get("searches") != identity.get("searches") else "trials"
         raise SpecError([("name", (
-            f"{path} holds a different sweep ({len(before)} trials, "
-            f"{len(set(before) - set(trial_ids))} of them not in this spec); choose another "
-            "--name or --storage, or remove that directory"))])
+            f"{path} holds a different sweep ({len(old)} trials, "
+            f"{len(set(old) - set(new))} of them not in this spec; its {what} differ); choose "
+            "another --name or --storage, or remove that directory"))])
 
 
-def claim(path: str, trial_ids: list[str]) -> None:
-    """Record which trials this sweep directory holds (kept on resume)."""
-    import pyarrow.fs as pafs
-
-    fs, marker = _sweep_marker(path)
-    if fs.get_file_info(marker).type == pafs.FileType.File:
+def claim(path: str, identity: dict[str, Any]) -> None:
+    """Record which trials (and searches) this sweep directory holds (kept on resume)."""
+    if _claimed(path):
         return
+    fs, marker = _sweep_marker(path)
     with fs.open_output_stream(marker) as f:
-        f.write(json.dumps({"trial_ids": trial_ids}).encode())
+        f.write(json.dumps(identity).encode())
 
 
 if __name__ == "__main__":

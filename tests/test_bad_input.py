@@ -79,6 +79,12 @@ EXPERIMENTS = [
     ("override-without-value", {}, ["federation.rounds"], "federation.rounds",
      "dotted.key=value"),
     ("unknown-preset", {"preset": "hdcfl-c11"}, [], "preset", "allowed: "),
+    ("normalize-unknown-mode", {"dataset": {"name": "digits", "normalize": "zscore"}}, [],
+     "dataset.normalize", "'standard', 'unit' or 'none'"),
+    ("normalize-unit-on-synthetic", {"dataset": {"name": "synthetic", "normalize": "unit"}}, [],
+     "dataset.normalize", "use standard (per feature, on the training split) or none"),
+    ("normalize-on-token-ids", {"dataset": {"name": "shakespeare", "normalize": "standard"}}, [],
+     "dataset.normalize", "remove dataset.normalize"),
 ]
 
 
@@ -101,6 +107,43 @@ def test_bad_own_data(tmp_path, capsys, arrays, fix):
     err = capsys.readouterr().err
     assert_refused(code, err, "dataset.path", fix, tmp_path / "out")
     assert "arrays x (N samples) and y (N integer labels)" in err
+
+
+_IDS = np.arange(40) % 8  # the owning client of each of 40 samples, for the 8 clients of the spec
+_SPLIT = np.where(np.arange(40) // 8 % 4 == 0, "test", "train")  # 2 test, 3 train each
+
+
+# id, arrays besides x and y, scenario, field named, fix named
+GIVEN = [
+    ("given-without-client-array", {}, {}, "scenario.name", "add a client array to the npz"),
+    ("client-length-differs-from-y", {"client": _IDS[:39]}, {}, "dataset.path",
+     "must be 40 integer client ids (one per sample of x)"),
+    ("client-negative-ids", {"client": _IDS - 1}, {}, "dataset.path", "number the clients 0..N-1"),
+    ("split-without-client", {"split": _SPLIT}, {}, "dataset.path",
+     "comes without a client array; add client"),
+    ("split-unknown-value", {"client": _IDS, "split": np.where(_SPLIT == "test", "test",
+                                                               "training")}, {},
+     "dataset.path", "unknown value(s) ['training']; allowed: train, val, test"),
+    ("client-count-differs-from-num-clients", {"client": _IDS % 4}, {},
+     "federation.num_clients", "set federation.num_clients=4"),
+    ("client-ids-not-0-to-n-1", {"client": np.where(_IDS == 7, 9, _IDS)}, {}, "dataset.path",
+     "ids without samples: [7]; ids beyond: [9]; renumber them 0..N-1"),
+    ("client-without-training-data",
+     {"client": _IDS, "split": np.where(_IDS == 3, "test", _SPLIT)}, {}, "dataset.path",
+     "client(s) 3 of the client array have no training samples"),
+    ("fraction-with-a-given-split", {"client": _IDS, "split": _SPLIT}, {"test_fraction": 0.3},
+     "scenario.test_fraction", "remove scenario.test_fraction"),
+]
+
+
+@pytest.mark.parametrize("arrays, scenario, field, fix", [c[1:] for c in GIVEN],
+                         ids=[c[0] for c in GIVEN])
+def test_bad_given_partition(tmp_path, capsys, arrays, scenario, field, fix):
+    data = npz(tmp_path, x=np.zeros((40, 4), np.float32), y=np.arange(40) % 4, **arrays)
+    spec = experiment_file(tmp_path, dataset={"name": "npz", "path": data},
+                           scenario={"name": "given", **scenario})
+    code = run.main([str(spec), "--out", str(tmp_path / "out"), "--backend", "local"])
+    assert_refused(code, capsys.readouterr().err, field, fix, tmp_path / "out")
 
 
 def test_missing_data_offline_names_the_fetch_command(tmp_path, capsys):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,13 +18,11 @@ from raylf.methods.fmtsvm import (
     FedPureCNN,
     FedPureSVM,
     FMTSVMParams,
-    auc,
-    binary_hinge,
     covariance_penalty,
-    multiclass_hinge,
     penalty_prox,
     task_covariance,
 )
+from raylf.methods.multitask import SOFTMAX, SVM, TaskLoss, auc, binary_hinge, multiclass_hinge
 from raylf.privacy import DPParams, clip, composed_epsilon, gaussian_sigma, privatize
 from raylf.runtime.blueprint import Blueprint
 
@@ -130,25 +127,25 @@ def test_upload_ratio_against_fed_pure_cnn_at_native_and_mnist_size():
     assert cnn_bytes(28) / 2064 > 100  # 28×28: flatten 32×7×7 = 1568, ~400× the heads
 
 
-def loss_of(cls, outputs, targets, **params):
-    """``cls.loss`` with just the two attributes it reads (params, kind): no federation."""
-    return cls.loss(SimpleNamespace(params=cls.Params(**params), kind=cls.kind), outputs, targets)
+def loss_of(cls, kind, outputs, targets, **params):
+    """The task loss ``cls`` builds from its params, on one minibatch."""
+    return TaskLoss.of(kind, cls.Params(**params))(outputs, targets)
 
 
-def test_reduction_defaults_to_the_papers_sum_for_all_three_methods():
+def test_reduction_defaults_to_per_sample_means_for_all_three_methods():
     y = torch.tensor([0, 1, 2, 0, 1, 2])
     targets = {"binary": (y > 0).long(), "multiclass": y}
-    for cls, width in ((FMTSVM, 4), (FedPureSVM, 4), (FedPureCNN, 5)):
-        assert cls.Params().reduction == "sum"
+    for cls, kind, width in ((FMTSVM, SVM, 4), (FedPureSVM, SVM, 4), (FedPureCNN, SOFTMAX, 5)):
+        assert cls.Params().reduction == "mean"
         outputs = torch.randn(6, width)
-        summed = loss_of(cls, outputs, targets)
-        assert summed.item() == pytest.approx(6 * loss_of(cls, outputs, targets,
-                                                          reduction="mean").item(), rel=1e-6)
+        summed = loss_of(cls, kind, outputs, targets, reduction="sum")
+        assert summed.item() == pytest.approx(6 * loss_of(cls, kind, outputs, targets).item(),
+                                              rel=1e-6)
     # C weighs the SVM hinges; with mean, each hinge is its per-sample mean
     outputs = torch.randn(6, 4)
     expected = 0.5 * (binary_hinge(outputs[:, 0], targets["binary"])
                       + multiclass_hinge(outputs[:, 1:], y))
-    got = loss_of(FedPureSVM, outputs, targets, C=0.5, reduction="mean")
+    got = loss_of(FedPureSVM, SVM, outputs, targets, C=0.5)
     assert got.item() == pytest.approx(expected.item())
 
 
@@ -156,6 +153,56 @@ def test_fmtsvm_on_a_single_task_dataset_fails_clearly():
     spec = example("dataset.name=digits")
     with pytest.raises(SpecError, match="needs a multi-task dataset.*binary, multiclass"):
         run_experiment(spec, backend="local")
+
+
+def digits_npz(path, multiclass, binary=lambda d: d >= 5, keep=lambda d: d >= 0) -> str:
+    """Native 8×8 digits as an npz: ``y`` the digit, ``y_<task>`` functions of it."""
+    digits = load_source("digits", SOURCES.get("digits").Params())
+    rows = keep(digits.y)
+    d = digits.y[rows]
+    np.savez(path, x=digits.x[rows, 0], y=d, y_binary=binary(d).astype(np.int64),
+             y_multiclass=multiclass(d).astype(np.int64))
+    return str(path)
+
+
+def npz_spec(path: str, *overrides: str):
+    return example(f"dataset={{name: npz, path: {path}}}", *overrides)
+
+
+@pytest.mark.parametrize("method, width", [
+    ("fmtsvm", 1 + 3), ("fed_pure_cnn", 2 + 3), ("fed_pure_svm", 1 + 3)])
+def test_heads_are_sized_from_the_multiclass_task_not_the_main_label(tmp_path, method, width):
+    path = digits_npz(tmp_path / "mod3.npz", multiclass=lambda d: d % 3)  # y: 10 classes
+    spec = npz_spec(path, f"method.name={method}")
+    blueprint = Blueprint(spec, build_federation(spec))
+    assert blueprint.federation.num_classes == 10
+    assert blueprint.build_model().head.out_features == width
+    if method == "fmtsvm":
+        assert blueprint.method().server_init(blueprint.initial_vector())["sigma"].shape == (
+            width, width)
+
+
+def test_a_binary_task_with_more_than_two_labels_is_refused(tmp_path):
+    path = digits_npz(tmp_path / "bad.npz", multiclass=lambda d: d % 3, binary=lambda d: d % 3)
+    spec = npz_spec(path)
+    with pytest.raises(SpecError, match="binary task needs labels 0/1.*y_binary"):
+        run_experiment(spec, backend="local")
+
+
+def test_ten_classes_one_absent_from_every_client_learn_with_a_regular_sigma(tmp_path):
+    # y_multiclass = the digit with every 4 dropped: a 10-column head whose column 4 is never
+    # a target, under Dirichlet 0.5 (issue 11: such columns kept FMT-SVM at chance)
+    path = digits_npz(tmp_path / "no4.npz", multiclass=lambda d: d, keep=lambda d: d != 4)
+    spec = npz_spec(path, "scenario.name=dirichlet")
+    result = run_experiment(spec, backend="local")
+    assert result.status == "ok", result.error
+    assert result.trial["warning"] is None
+    final = result.tables["rounds"][-1]
+    for task in ("binary", "multiclass"):
+        assert final[f"acc_mean_{task}"] > final[f"majority_rate_{task}"] + 0.15
+    eigenvalues = [final[f"sigma_eig_{i}"] for i in range(1 + 10)]
+    assert all(math.isfinite(e) for e in eigenvalues)
+    assert min(eigenvalues) > 1e-4 * max(eigenvalues)
 
 
 def test_dp_sigma_follows_the_gaussian_mechanism():
@@ -185,10 +232,7 @@ def test_composed_epsilon_grows_with_rounds():
 
 
 def test_dp_run_reports_per_round_and_composed_epsilon():
-    # mean: with summed hinges the noisy global heads (noise norm ≈ 7.5·√516 ≈ 170) blow the
-    # encoders up in round 2 at lr 0.01 and the divergence guard stops the run (issue report)
-    spec = native("federation.rounds=2", "method.params.dp.epsilon=1.0",
-                  "method.params.reduction=mean")
+    spec = native("federation.rounds=2", "method.params.dp.epsilon=1.0")
     rounds = run_experiment(spec, backend="local").tables["rounds"]
     assert [r["dp_epsilon_round"] for r in rounds] == [1.0, 1.0]
     assert rounds[0]["dp_epsilon_composed"] < rounds[1]["dp_epsilon_composed"]
@@ -247,9 +291,8 @@ def test_encoder_sync_uploads_and_broadcasts_the_encoder_on_schedule():
 
 @pytest.mark.slow
 def test_example_spec_learns_both_tasks_end_to_end():
-    # E = 1, R = 10, hinges summed over the minibatch (Algorithm 1), on native 8×8 digits
-    # (seed 0, one thread: 0.79 / 0.78 accuracy). Resized to 28×28 the same setup stays near
-    # chance for some seeds: see the issue report, not a property to pin here.
+    # the example's defaults (mean hinges, lr 0.05, E 5, R 10, standardized 8×8 digits), chosen
+    # on validation data; the thresholds are far below what it reaches and far above chance
     result = run_experiment(native(), backend="local")
     assert result.status == "ok", result.error
     final = result.tables["rounds"][-1]

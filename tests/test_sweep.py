@@ -127,6 +127,7 @@ def test_trial_metrics_accept_a_round_record(ray_cluster):
 
 class FakeTrial:
     def __init__(self, trial_id):
+        self.trial_id = f"tune-{trial_id}"
         self.config = {"trial_id": trial_id}
 
     def get_error(self):
@@ -138,6 +139,7 @@ def test_console_prints_a_line_per_finished_trial_and_colours_only_terminals(tmp
     import io
 
     from raylf.experiment import run_experiment
+    from raylf.search_stages import GridStage
     from raylf.sweep import SweepConsole
     from raylf.sweepspec import load_sweep
 
@@ -150,8 +152,8 @@ def test_console_prints_a_line_per_finished_trial_and_colours_only_terminals(tmp
             return tty
 
     stream = Stream()
-    console = SweepConsole(trials, str(tmp_path / "t"), stream)
-    console.start([])
+    console = SweepConsole(GridStage(trials, "t", str(tmp_path)), stream)
+    console.start({})
     console.on_trial_start(0, [], FakeTrial(done.trial_id))
     console.on_trial_result(0, [], FakeTrial(done.trial_id), {"round": 1})
     console.on_trial_complete(0, [], FakeTrial(done.trial_id))

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from raylf import learning_check
 from raylf.methods.base import Uploads
 from raylf.metrics import summarize
 from raylf.runtime.blueprint import Blueprint
@@ -129,6 +130,7 @@ class Coordinator:
         if rnd % self.spec.eval_every == 0 or rnd == self.spec.federation.rounds:
             clients = self.evaluate(rnd)
             record.update(summarize(clients, self.method.deployables[0]))
+            record.update(learning_check.majority_columns(clients, self.method.deployables[0]))
         tables = {name: [{"round": rnd, **row} for row in rows]
                   for name, rows in self.method.tables(self.state, rnd).items()}
         record["round_s"] = time.perf_counter() - start

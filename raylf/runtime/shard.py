@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import torch
 
+from raylf import learning_check
 from raylf.cohort import (
     CohortMember,
     CohortTrainer,
@@ -180,21 +181,34 @@ class ClientShard:
         payload = self._to_device(payload)
         seeds = {int(c): derive(self.seed, "client", rnd, int(c)) for c in client_ids}
         done = self._train_cohorts(payload, client_ids, extras, seeds)
-        if done is not None:
-            return self._run_clients(client_ids, done.__getitem__)
 
         def step(cid: int):
-            return self._logged(lambda: self.method.local_update(
-                self.trainer, payload, self._to_device(self.personal.get(cid)),
-                self.data.client(cid), seeds[cid], extras.get(cid)))
+            if done is not None:
+                update, fits, trained = done[cid]
+                self.trainer.load(trained)
+            else:
+                update, fits = self._logged(lambda: self.method.local_update(
+                    self.trainer, payload, self._to_device(self.personal.get(cid)),
+                    self.data.client(cid), seeds[cid], extras.get(cid)))
+            return self._probed(cid, update), fits
 
         return self._run_clients(client_ids, step)
 
+    def _probed(self, cid: int, update: ClientUpdate) -> ClientUpdate:
+        """The update with its dead-ReLU fraction, probed on the model its training left
+        loaded (a rounds-table diagnostic; ``raylf.learning_check``)."""
+        probe = self.data.client(cid).x_train[: learning_check.PROBE_SAMPLES]
+        dead = learning_check.dead_relu_fraction(self.trainer.model.encoder, probe)
+        if dead is not None:
+            update.metrics = {**update.metrics, "dead_relu_fraction": dead}
+        return update
+
     def _train_cohorts(self, payload, client_ids: np.ndarray, extras: dict[int, Any],
                        seeds: dict[int, int]) -> dict[int, tuple] | None:
-        """Every client's (update, fits) from cohort training, or None when this round trains
-        one client after another (cohorts off, one client, a plan-less method, an unsupported
-        model, or plans of different shapes); the first refusal is logged with its reason."""
+        """Every client's (update, fits, trained vector) from cohort training, or None when this
+        round trains one client after another (cohorts off, one client, a plan-less method, an
+        unsupported model, or plans of different shapes); the first refusal is logged with its
+        reason."""
         if self.cohort is None or len(client_ids) < 2 or not self.method.plans_updates:
             return None
         plans = {int(c): self.method.plan(payload, self._to_device(self.personal.get(int(c))),
@@ -220,7 +234,7 @@ class ClientShard:
                 self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
                 return None
             for c, vector, fit in zip(ids[block], vectors, fits):
-                done[c] = (plans[c].finish(vector), [fit])
+                done[c] = (plans[c].finish(vector), [fit], vector)
         return done
 
     def _sequential(self, reason: str) -> None:
@@ -259,14 +273,24 @@ class ClientShard:
                     self.trainer, payload, self._to_device(self.personal.get(c)),
                     self.data.client(c).evaluated_on(split), extras.get(c),
                     rnd=rnd, seed=derive(self.seed, "evaluate", rnd, c, number)) for c in ids]
-            groups = self.data.groups
+            groups, labels = self.data.groups, self.data.split(split)
             for c, client_rows in zip(ids, per_client):
+                span = labels.rows(self.data.position[c])
                 for row in client_rows:
                     rows.append({"round": rnd, "client_id": c,
                                  "group": int(groups[self.data.position[c]]),
                                  "n_train": int(self.n_train[c]), "split": split,
-                                 "deployable": self.method.deployables[0], **row})
+                                 "deployable": self.method.deployables[0],
+                                 "majority_rate": self._majority(labels, row["task"], span),
+                                 **row})
         return rows
+
+    @staticmethod
+    def _majority(split, task: str, span: slice) -> float | None:
+        """A constant predictor's accuracy on one client's labels of ``task`` (None for a task
+        the split does not hold), so a run stuck at it is seen (``raylf.learning_check``)."""
+        labels = split.y if task == "main" else split.tasks.get(task)
+        return None if labels is None else learning_check.majority_rate(labels[span])
 
     def _shared_rows(self, payload, client_ids: np.ndarray, split: str) -> list[list[dict]]:
         """One forward pass over the whole block with the broadcast model, scored per client."""

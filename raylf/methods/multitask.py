@@ -1,0 +1,200 @@
+"""Two tasks on the same inputs (FMT-SVM and its baselines): head layout, task losses, scoring.
+
+Every client solves a ``binary`` task (labels 0/1) and a ``multiclass`` task (C classes). One
+linear head serves both: its first columns score the binary task (one SVM score, or two softmax
+logits), the next C columns score the classes. C is the ``multiclass`` task's own class count,
+never the dataset's main label's: an npz whose ``y`` has 10 classes and whose ``y_multiclass``
+has 3 gets a head of 1 + 3 columns, not 1 + 10 with seven columns no client ever sees as a
+target (measured: those sized FMT-SVM's Σ 11×11 and kept it at chance).
+
+Methods reuse this module through its functions and the ``TaskLoss`` they build from their
+params; none inherits from another family for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from raylf.data.sources import SOURCES, load_source
+from raylf.errors import SpecError
+from raylf.methods.base import MethodParams
+from raylf.training import ParamLayout
+
+TASKS = ("binary", "multiclass")
+
+
+# ---- losses (per-sample means) -----------------------------------------------------------------
+def binary_hinge(score: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """mean max(0, 1 − y·s) with labels {0, 1} read as {−1, +1}."""
+    return F.relu(1 - (2 * y - 1) * score).mean()
+
+
+def logistic(score: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of two softmax logits written through their difference s = l1 − l0."""
+    return F.softplus(-(2 * y - 1) * score).mean()
+
+
+def multiclass_hinge(scores: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """mean_i Σ_{j≠y_i} max(0, 1 + s_ij − s_iy_i) (Weston–Watkins, the paper's Algorithm 1)."""
+    margins = F.relu(1 + scores - scores.gather(1, y[:, None]))
+    return margins.masked_fill(F.one_hot(y, scores.shape[1]).bool(), 0).sum(1).mean()
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """How the head's output columns map to the two tasks, and each task's loss."""
+
+    binary_columns: int  # 1: an SVM score; 2: softmax logits
+    binary_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    multiclass_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def width(self, classes: int) -> int:
+        return self.binary_columns + classes
+
+    def scores(self, outputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Decision scores per task: one binary score (> 0 means positive), C class scores."""
+        b = self.binary_columns
+        binary = outputs[:, 0] if b == 1 else outputs[:, 1] - outputs[:, 0]
+        return {"binary": binary, "multiclass": outputs[:, b:]}
+
+    def losses(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> dict[str, Any]:
+        s = self.scores(outputs)
+        return {"binary": self.binary_loss(s["binary"], targets["binary"]),
+                "multiclass": self.multiclass_loss(s["multiclass"], targets["multiclass"])}
+
+
+SVM = HeadKind(1, binary_hinge, multiclass_hinge)
+SOFTMAX = HeadKind(2, logistic, F.cross_entropy)
+
+
+# ---- the training objective ----------------------------------------------------------------
+class MultiTaskParams(MethodParams):
+    reduction: Literal["mean", "sum"] = Field(
+        "mean", description="task losses over a minibatch: mean (the paper's objective, "
+                            "per-sample means; chosen on validation data, see "
+                            "raylf.methods.fmtsvm) or sum (its Algorithm 1 line 10, L_task = "
+                            "Σ_j: batch_size times larger steps at the same lr, regularizers "
+                            "batch_size times weaker against the data)")
+
+    @property
+    def task_weight(self) -> float:
+        """The factor in front of the task losses (the SVM's C; 1 for softmax heads)."""
+        return 1.0
+
+
+class SVMParams(MultiTaskParams):
+    C: float = Field(1.0, gt=0, description="margin penalty: weight of the two hinge losses")
+
+    @property
+    def task_weight(self) -> float:
+        return self.C
+
+
+@dataclass(frozen=True)
+class TaskLoss:
+    """Both tasks' losses on a minibatch, per-sample means (× batch size for ``sum``) × weight.
+
+    A frozen value, so two clients' plans with the same objective compare equal (cohorts)."""
+
+    kind: HeadKind
+    reduction: str
+    weight: float = 1.0
+
+    @classmethod
+    def of(cls, kind: HeadKind, params: MultiTaskParams) -> TaskLoss:
+        return cls(kind, params.reduction, params.task_weight)
+
+    def __call__(self, outputs: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
+        total = sum(self.kind.losses(outputs, targets).values())
+        if self.reduction == "sum":
+            total = total * len(outputs)
+        return self.weight * total
+
+
+def task_targets(tasks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The two tasks' labels out of everything a client holds."""
+    return {t: tasks[t] for t in TASKS}
+
+
+# ---- head sizing ---------------------------------------------------------------------------
+@cache
+def _label_counts(dataset: str, params_json: str) -> dict[str, int]:
+    """Classes per task label (max + 1), read once per process: the federation keeps only
+    task names, and a worker builds its model before it holds any data."""
+    source = load_source(dataset, SOURCES.get(dataset).Params.model_validate_json(params_json))
+    return {task: int(labels.max()) + 1 if len(labels) else 0
+            for task, labels in source.tasks.items()}
+
+
+def multiclass_classes(method: str, federation) -> int:
+    """C of the ``multiclass`` task, after checking the dataset has both tasks and 0/1 binary
+    labels; every problem is a SpecError naming the dataset and the fix."""
+    missing = [t for t in TASKS if t not in federation.tasks]
+    if missing:
+        raise SpecError([("method.name", (
+            f"{method} needs a multi-task dataset with tasks {', '.join(TASKS)}; dataset "
+            f"{federation.dataset!r} lacks {', '.join(missing)} (use e.g. digits_multitask)"))])
+    counts = _label_counts(federation.dataset, federation.dataset_params.model_dump_json())
+    if counts["binary"] > 2:
+        raise SpecError([("dataset", (
+            f"{method}'s binary task needs labels 0/1; dataset {federation.dataset!r} has "
+            f"labels up to {counts['binary'] - 1} in task 'binary' (in an npz: y_binary)"))])
+    return counts["multiclass"]
+
+
+def head_outputs(kind: HeadKind, method: str, federation) -> int:
+    """Width of the head a method builds for this federation's two tasks."""
+    return kind.width(multiclass_classes(method, federation))
+
+
+def head_shape(layout: ParamLayout) -> tuple[int, int]:
+    """(outputs, features) of the linear head, read off the model's parameter layout."""
+    weight = next(s for s in layout.slots if s.name == "head.weight")
+    return weight.shape[0], weight.shape[1]
+
+
+# ---- scoring -------------------------------------------------------------------------------
+def auc(y: np.ndarray, scores: np.ndarray) -> float | None:
+    """ROC AUC from decision scores; multi-class = macro one-vs-rest over the classes present.
+
+    A test split holding one class has no AUC (None), rather than an error or a fake 0.5.
+    """
+    from sklearn.metrics import roc_auc_score  # here: keeps scipy out of every worker's import
+
+    present = np.unique(y)
+    if len(present) < 2:
+        return None
+    if scores.ndim == 1:
+        return float(roc_auc_score(y, scores))
+    return float(np.mean([roc_auc_score(y == c, scores[:, c]) for c in present]))
+
+
+def task_rows(kind: HeadKind, outputs: torch.Tensor,
+              targets: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """One clients-table row per task: n_test, correct, accuracy, auc, loss."""
+    scores, losses = kind.scores(outputs), kind.losses(outputs, targets)
+    rows = []
+    for task in TASKS:
+        y, s = targets[task], scores[task]
+        n = len(y)
+        pred = (s > 0).long() if s.ndim == 1 else s.argmax(1)
+        correct = int((pred == y).sum())
+        rows.append({"task": task, "n_test": n, "correct": correct,
+                     "accuracy": correct / n if n else None,
+                     "auc": auc(y.cpu().numpy(), s.cpu().numpy()) if n else None,
+                     "loss": float(losses[task]) if n else None})
+    return rows
+
+
+def scored(trainer, kind: HeadKind, vector: torch.Tensor, data) -> list[dict[str, Any]]:
+    """Rows per task for the model ``vector`` on ``data``'s evaluation split."""
+    trainer.load(vector)
+    return task_rows(kind, trainer.predict(data.x_test), data.tasks_test)

@@ -1,0 +1,179 @@
+"""The Tune experiments a sweep runs, and a two-stage sweep's order of them.
+
+A grid sweep is one :class:`GridStage`. A sweep with searched methods runs one
+:class:`raylf.search.SearchStage` per searched method (validation only), chooses each one's
+``top_k`` points, then one :class:`GridStage` of the replicates: every chosen point on every
+``seeds`` seed, and the grid of the methods without a search, all reported on test data. A
+stage whose Tune experiment exists is resumed; a search whose chosen points are written is not
+run again, so a resumed sweep replicates the same points.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+from ray.tune.search.basic_variant import BasicVariantGenerator
+
+from raylf.config import validate
+from raylf.errors import SpecError
+from raylf.search import Choice, SearchStage, choose, read_choices, startup_samples, write_choices
+from raylf.sweepspec import SearchPlan, SweepSpec, Trial, point_label
+
+
+class GridStage:
+    """Trials known before Tune starts: a grid sweep, or a two-stage sweep's replicates. Each
+    Tune config names its trial and shows its method, grid point and seed by dotted names."""
+
+    def __init__(self, trials: list[Trial], sweep: str, storage: str):
+        self.objective: str | None = None  # reported on test data, chosen by nothing
+        self.scheduled = False
+        self.extra: dict[str, Any] = {}  # trials-row columns beyond the experiment's
+        self.specs = {t.trial_id: (t.spec.to_dict(), t.point) for t in trials}
+        self.width = max((len(t.label) for t in trials), default=0)
+        self.sweep = sweep
+        self.storage_path, self.name = storage.rstrip("/"), sweep
+        self.root = self.path = f"{self.storage_path}/{sweep}"
+        self.planned = len(trials)
+        self.rounds = sum(t.spec.federation.rounds for t in trials)
+
+    def trial(self, config: dict[str, Any]) -> Trial:
+        spec, point = self.specs[config["trial_id"]]
+        return Trial(config["trial_id"], validate(spec), point)
+
+    def owns(self, row: dict[str, Any]) -> bool:
+        return row["trial_id"] in self.specs
+
+    def tune_configs(self) -> list[dict[str, Any]]:
+        """Each trial's Tune config: its id, method, seed and grid point by dotted names
+        (``None`` where a method has no such field)."""
+        points = [{"trial_id": trial_id, "method": spec["method"]["name"], "seed": spec["seed"],
+                   **point} for trial_id, (spec, point) in sorted(self.specs.items())]
+        names = sorted({k for p in points for k in p}, key=lambda k: (k != "method", k))
+        return [{k: p.get(k) for k in names} for p in points]
+
+    def tune_setup(self, max_concurrent: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The configs as Tune's ``points_to_evaluate``, one sample each; the choice domains
+        only declare the fields, they are never sampled."""
+        configs = self.tune_configs()
+        space = {k: tune.choice(list({json.dumps(c[k]): c[k] for c in configs}.values()))
+                 for k in configs[0]}
+        searcher = BasicVariantGenerator(points_to_evaluate=configs,
+                                         max_concurrent=max_concurrent)
+        return space, {"search_alg": searcher, "num_samples": len(configs)}
+
+
+TRACKERS = {  # --log NAME: (module Tune's callback needs, extra that installs it)
+    "tensorboard": ("tensorboardX", "ray[tune]"), "mlflow": ("mlflow", "raylf[mlflow]"),
+    "wandb": ("wandb", "raylf[wandb]")}
+
+
+def tracker_callbacks(names: list[str], root: str, sweep: str) -> list[tune.Callback]:
+    """Tune's own logger callbacks for ``--log`` (trackers write offline, next to the tables)."""
+    missing = [(n, TRACKERS[n]) for n in names if importlib.util.find_spec(TRACKERS[n][0]) is None]
+    if missing:
+        raise SpecError([("--log", f"{name} needs the {module} package; pip install "
+                                   f"'{extra}' (or leave out --log {name})")
+                         for name, (module, extra) in missing])
+    callbacks: list[tune.Callback] = []
+    if "tensorboard" in names:
+        from ray.tune.logger import TBXLoggerCallback
+
+        callbacks.append(TBXLoggerCallback())
+    local = "://" not in root
+    if "mlflow" in names:
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        uri = Path(root, "mlruns").as_uri() if local else None
+        callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=sweep))
+    if "wandb" in names:
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        os.environ.setdefault("WANDB_MODE", "offline")
+        callbacks.append(WandbLoggerCallback(project=sweep, mode=os.environ["WANDB_MODE"],
+                                             dir=root if local else None))
+    return callbacks
+
+
+def sweep_identity(sweep: SweepSpec, trials: list[Trial],
+                   plans: list[SearchPlan]) -> dict[str, Any]:
+    """What a resumed sweep directory must hold the same: its trials, and for a search sweep
+    every search and what is replicated."""
+    identity: dict[str, Any] = {"trial_ids": sorted(t.trial_id for t in trials)}
+    if plans:
+        identity.update(searches=[p.identity() for p in plans], seeds=sweep.seeds,
+                        top_k=sweep.top_k)
+    return identity
+
+
+def describe_search(sweep: SweepSpec, plans: list[SearchPlan], trials: list[Trial]) -> list[str]:
+    """The two stages: each search and its budget, then what is replicated."""
+    seeds = sweep.search_seeds
+    lines = [f"sweep {sweep.name}: search {len(plans)} method(s) on validation data (search "
+             f"seeds {seeds}), then the top {sweep.top_k} point(s) of each over seeds "
+             f"{sweep.seeds}, reported on test data"]
+    for plan in plans:
+        search = plan.search
+        points = plan.points
+        how = {"random": "random search", "grid": "every grid point",
+               "optuna": f"Optuna TPE ({startup_samples(points)} random points first)"}
+        asha = (f", ASHA from round {search.scheduler.grace_rounds} (η "
+                f"{search.scheduler.reduction_factor:g})" if search.scheduler else "")
+        lines.append(f"  search {plan.key}: {how[search.algorithm]}, {points} points × "
+                     f"{len(seeds)} seed(s) = {points * len(seeds)} trials over "
+                     f"{', '.join(search.space or plan.axes)}; {search.mode} {search.objective}"
+                     f"{asha}")
+    replicates = len(plans) * sweep.top_k * len(sweep.seeds)
+    lines.append(f"  then {replicates} replicate trials" +
+                 (f" and {len(trials)} trials of the methods without a search" if trials else ""))
+    return lines
+
+
+def search_then_replicate(sweep: SweepSpec, plans: list[SearchPlan], grid_trials: list[Trial],
+                          storage: str, run: Callable[..., tune.ResultGrid]
+                          ) -> tuple[list[Trial], dict[str, Choice], bool]:
+    """Stage 1 (each search not yet chosen), then stage 2; ``run(stage)`` runs one stage's Tune
+    experiment. Returns the replicate trials, the choice each stands for, and whether any trial
+    of either stage failed."""
+    root = f"{storage.rstrip('/')}/{sweep.name}"
+    failed = False
+    replicates = {t.trial_id: t for t in grid_trials}
+    chosen: dict[str, Choice] = {}
+    for plan in plans:
+        stage = SearchStage(plan, sweep.name, root)
+        choices = read_choices(stage)
+        if choices is None:
+            grid = run(stage)
+            failed |= any(result.error is not None for result in grid)
+            searched = [stage.trial(result.config) for result in grid]
+            choices = choose(stage, searched, sweep.top_k)
+            write_choices(stage, choices)
+        print(describe_choices(plan, choices), flush=True)
+        for choice in choices:
+            for seed in sweep.seeds:
+                trial = plan.trial(choice.point, seed)
+                replicates.setdefault(trial.trial_id, trial)
+                chosen[trial.trial_id] = choice
+    trials = list(replicates.values())
+    if trials:
+        failed |= any(result.error is not None for result in run(GridStage(trials, sweep.name,
+                                                                           storage)))
+    return trials, chosen, failed
+
+
+def describe_choices(plan: SearchPlan, choices: list[Choice]) -> str:
+    if not choices:
+        return (f"search {plan.key}: no point ended ok on every search seed; nothing of "
+                f"{plan.entry.name} is replicated (see {plan.key}'s trials in search/tables/)")
+    first = choices[0]
+    stopped = f", {first.stopped} stopped by ASHA ({first.rounds_saved} rounds saved)" \
+        if plan.search.scheduler else ""
+    picks = "; ".join(f"#{c.rank} {point_label(c.point)} ({c.objective} {c.score:.4f})"
+                      for c in choices)
+    return (f"search {plan.key}: {first.budget} trials ({first.points} points){stopped}; "
+            f"chose {picks}")
