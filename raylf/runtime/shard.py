@@ -190,7 +190,10 @@ class ClientShard:
                 update, fits = self._logged(lambda: self.method.local_update(
                     self.trainer, payload, self._to_device(self.personal.get(cid)),
                     self.data.client(cid), seeds[cid], extras.get(cid)))
-            return self._probed(cid, update), fits
+            # only a model this round trained is probed: after gradients alone (the per-step
+            # methods) the loaded weights are whatever an earlier round left, not a result
+            trained_here = done is not None or (fits and fits[-1].steps > 0)
+            return (self._probed(cid, update) if trained_here else update), fits
 
         return self._run_clients(client_ids, step)
 
