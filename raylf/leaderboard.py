@@ -46,14 +46,26 @@ def leaderboard(root: str, trials, choices: dict | None = None) -> pd.DataFrame:
     for status in STATUSES:
         board[status] = grouped["status"].apply(lambda s, status=status: int((s == status).sum()))
     board = board.reset_index()
-    ranking = [c for c in board if c.startswith("acc_mean") and c.endswith("_mean")]
     order = {s: i for i, s in enumerate(board["setting"].unique())}
-    board = board.assign(_setting=board["setting"].map(order),
-                         _rank=board[ranking].mean(axis=1) if ranking else 0.0)
-    # single-task: acc_mean; multi-task: the mean over the tasks' acc_mean
+    board = board.assign(_setting=board["setting"].map(order), _rank=0.0)
+    for setting in order:
+        rows = board["setting"] == setting
+        ranking = _ranking_columns(board.loc[rows])
+        if ranking:
+            board.loc[rows, "_rank"] = board.loc[rows, ranking].mean(axis=1)
     board = board.sort_values(["_setting", "_rank"], ascending=[True, False],
                               na_position="last").drop(columns=["_setting", "_rank"])
     return board.reset_index(drop=True)
+
+
+def _ranking_columns(board: pd.DataFrame) -> list[str]:
+    """What ranks a setting: acc_mean (single task), else each task's acc_mean_<task> (their
+    mean) — of the reported model only: a column that extends another by a suffix is a second
+    deployable's (``acc_mean_shared``, ``acc_mean_binary_own_heads``) and does not rank."""
+    present = [c[: -len("_mean")] for c in board
+               if c.startswith("acc_mean") and c.endswith("_mean") and board[c].notna().any()]
+    base = [c for c in present if not any(c.startswith(o + "_") for o in present if o != c)]
+    return [f"{c}_mean" for c in base]
 
 
 def _point(point: dict) -> str:

@@ -6,23 +6,26 @@ from raylf.leaderboard import leaderboard, render
 
 def trial_row(tid, method, dataset, acc, seed=0):
     return {"trial_id": tid, "method": method, "dataset": dataset, "scenario": "label_subset",
-            "model": "mlp", "seed": seed, "status": "ok", "acc_mean": acc, "acc_worst": acc - 0.1}
+            "model": "mlp", "seed": seed, "status": "ok", "acc_mean": acc}
 
 
 def test_methods_on_different_data_are_ranked_only_within_their_setting(tmp_path):
     rows = [trial_row("a0", "fedavg", "digits", 0.70), trial_row("a1", "fedavg", "digits", 0.72, 1),
             trial_row("b0", "local", "digits", 0.80),
-            trial_row("c0", "fmtsvm", "digits_multitask", 0.95)]
+            # a second deployable's column (HDC-FL's shared encoder) does not rank the row
+            trial_row("d0", "hdcfl", "digits", 0.81) | {"acc_mean_shared": 0.60},
+            {**trial_row("c0", "fmtsvm", "digits_multitask", None), "acc_mean_binary": 0.9,
+             "acc_mean_binary_own_heads": 0.1}]
     for row in rows:
         results.write_trial(tmp_path, row["trial_id"], {"trials": [row]}, {})
     trials = [SimpleNamespace(trial_id=r["trial_id"], point={}) for r in rows]
     board = leaderboard(str(tmp_path), trials)
-    assert board["setting"].tolist() == ["digits · label_subset · mlp"] * 2 + [
+    assert board["setting"].tolist() == ["digits · label_subset · mlp"] * 3 + [
         "digits_multitask · label_subset · mlp"]
-    assert board["method"].tolist() == ["local", "fedavg", "fmtsvm"]
-    assert board.loc[1, "seeds"] == 2
+    assert board["method"].tolist() == ["hdcfl", "local", "fedavg", "fmtsvm"]
+    assert board.loc[2, "seeds"] == 2
     text = render(board)
     assert "ranked within each setting" in text
     first, second = text.split("setting: digits_multitask")
-    assert "| 1 | local" in first and "| 2 | fedavg" in first
+    assert "| 1 | hdcfl" in first and "| 2 | local" in first and "| 3 | fedavg" in first
     assert "| 1 | fmtsvm" in second  # its own ranking, not third behind the digits methods
