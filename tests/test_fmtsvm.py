@@ -193,7 +193,7 @@ def test_ten_classes_one_absent_from_every_client_learn_with_a_regular_sigma(tmp
     # y_multiclass = the digit with every 4 dropped: a 10-column head whose column 4 is never
     # a target, under Dirichlet 0.5 (issue 11: such columns kept FMT-SVM at chance)
     path = digits_npz(tmp_path / "no4.npz", multiclass=lambda d: d, keep=lambda d: d != 4)
-    spec = npz_spec(path, "scenario.name=dirichlet")
+    spec = npz_spec(path, "scenario.name=dirichlet", "federation.rounds=5")
     result = run_experiment(spec, backend="local")
     assert result.status == "ok", result.error
     assert result.trial["warning"] is None
@@ -202,7 +202,7 @@ def test_ten_classes_one_absent_from_every_client_learn_with_a_regular_sigma(tmp
         assert final[f"acc_mean_{task}"] > final[f"majority_rate_{task}"] + 0.15
     eigenvalues = [final[f"sigma_eig_{i}"] for i in range(1 + 10)]
     assert all(math.isfinite(e) for e in eigenvalues)
-    assert min(eigenvalues) > 1e-4 * max(eigenvalues)
+    assert min(eigenvalues) > 1e-2 * max(eigenvalues)  # measured: 0.04
 
 
 def test_dp_sigma_follows_the_gaussian_mechanism():
@@ -297,8 +297,8 @@ def test_example_spec_learns_both_tasks_end_to_end():
     assert result.status == "ok", result.error
     final = result.tables["rounds"][-1]
     for task in ("binary", "multiclass"):
-        assert final[f"acc_mean_{task}"] > 0.6
-        assert final[f"auc_mean_{task}"] > 0.7
+        assert final[f"acc_mean_{task}"] > 0.8  # measured (seed 0): 0.89 / 0.96
+        assert final[f"auc_mean_{task}"] > 0.85  # 0.91 / 0.98
 
 
 def test_baselines_run_on_the_same_spec():
