@@ -51,9 +51,12 @@ class GridStage:
 
     def tune_configs(self) -> list[dict[str, Any]]:
         """Each trial's Tune config: its id, method, seed and grid point by dotted names
-        (``None`` where a method has no such field)."""
+        (``None`` where a method has no such field). A mapping value (a grid over ``scenario``,
+        say) is shown as its JSON: Tune would merge a mapping into the space's domain and fail."""
         points = [{"trial_id": trial_id, "method": spec["method"]["name"], "seed": spec["seed"],
-                   **point} for trial_id, (spec, point) in sorted(self.specs.items())]
+                   **{k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+                      for k, v in point.items()}}
+                  for trial_id, (spec, point) in sorted(self.specs.items())]
         names = sorted({k for p in points for k in p}, key=lambda k: (k != "method", k))
         return [{k: p.get(k) for k in names} for p in points]
 

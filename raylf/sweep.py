@@ -117,7 +117,7 @@ def describe_plan(sweep: SweepSpec, trials: list[Trial], cluster: Capacity,
     points = len({(t.spec.method.name, json.dumps(t.point, sort_keys=True)) for t in trials})
     lines = [f"{len(trials)} trials" if listing else
              f"sweep {sweep.name}: {len(trials)} trials ({points} method/grid points × "
-             f"{len(sweep.seeds)} seeds)"]
+             f"{len(sweep.seeds)} seed{'' if len(sweep.seeds) == 1 else 's'})"]
     if listing:
         lines += [f"  {t.trial_id}  {t.label}" for t in trials]
     return lines + resource_lines(sweep, trials, cluster, where)
@@ -646,7 +646,9 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
         tuner = tune.Tuner(
             trainable, param_space=space,
             tune_config=tune.TuneConfig(
-                reuse_actors=False,
+                # A trial's process is kept for the next trial of the same resources: each new
+                # one costs ~5 CPU-s of imports (torch, Tune, raylf), the bulk of a tiny trial.
+                reuse_actors=True,
                 trial_name_creator=lambda t: stage.trial(t.config).trial_id,
                 trial_dirname_creator=lambda t: stage.trial(t.config).trial_id, **search),
             run_config=run_config)

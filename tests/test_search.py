@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from ray import tune
 
 from raylf import results
 from raylf.search import (
@@ -121,6 +122,20 @@ def test_grid_trials_show_their_hyperparameters_by_dotted_name_in_the_tune_confi
         assert shown[trial.trial_id] == {
             "trial_id": trial.trial_id, "method": trial.spec.method.name,
             "seed": trial.spec.seed, "method.params.mu": trial.point.get("method.params.mu")}
+
+
+def test_a_grid_over_mappings_reaches_tune_as_json_that_tune_accepts():
+    """A grid over whole sub-specs (tune/hdcfl_quick.yaml's scenarios): Tune merges a mapping
+    in points_to_evaluate into the space's domain and raised TypeError before any trial ran."""
+    scenarios = [{"name": "label_subset", "k": 2}, {"name": "rotation", "groups": 2}]
+    sweep = SweepSpec.model_validate({"name": "s", "experiment": BASE,
+                                      "grid": {"scenario": scenarios}})
+    stage = GridStage(expand(sweep), "s", "/tmp/unused")
+    space, tune_config = stage.tune_setup(2)
+    tune_config["search_alg"].add_configurations(
+        [tune.Experiment("s", run=lambda config: None, config=space, num_samples=2)])
+    assert sorted(c["scenario"] for c in stage.tune_configs()) == sorted(
+        json.dumps(s, sort_keys=True) for s in scenarios)
 
 
 def _stage(tmp_path: Path, search: dict, search_seeds=(0, 1)) -> SearchStage:

@@ -94,7 +94,7 @@ class FedSoft(Method):
     def chosen(self, state, rnd: int) -> torch.Tensor:
         """(S, K) client ids: each cluster's K draws by importance, from the round's own stream
         (broadcast and select rebuild the same draws, so neither mutates the state)."""
-        v = aggregation_weights(state["importance"], torch.as_tensor(self.ctx.n_train)).numpy()
+        v = aggregation_weights(state["importance"], torch.tensor(self.ctx.n_train)).numpy()
         rng = stream(self.ctx.seed, "method", rnd)
         return torch.as_tensor(np.stack([
             rng.choice(self.ctx.num_clients, self.k, replace=False, p=row / row.sum())

@@ -19,8 +19,6 @@ from typing import Literal
 import numpy as np
 import torch
 from pydantic import Field
-from sklearn.cluster import KMeans
-from sklearn.metrics import adjusted_rand_score, silhouette_score
 from threadpoolctl import threadpool_limits
 
 from raylf.methods.base import (
@@ -151,6 +149,10 @@ class HDCFL(Method):
 
     def regroup(self, state, rnd):
         """Descriptors → k-means → memberships of the cached clients, with diagnostics."""
+        # here, not at the top: scikit-learn costs every worker process ~2 s of start-up
+        from sklearn.cluster import KMeans
+        from sklearn.metrics import adjusted_rand_score, silhouette_score
+
         p = self.params
         cached = torch.nonzero(state["seen"]).flatten()
         z = head_descriptors(state["heads"][cached], p.rank if p.descriptor == "lowrank" else None)

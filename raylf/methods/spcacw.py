@@ -135,7 +135,7 @@ class Selfish(PeerStepMethod):
         if self.rule == "local":
             return F.one_hot(targets, m).double()
         if self.rule == "oracle":
-            groups = torch.as_tensor(self.ctx.latent_groups)
+            groups = torch.tensor(self.ctx.latent_groups)
             same = (groups[targets][:, None] == groups[None, :]).double()
             return same / same.sum(1, keepdim=True)
         return torch.full((len(targets), m), 1.0 / m, dtype=torch.float64)
