@@ -336,7 +336,9 @@ class SweepConsole(tune.Callback):
         self._finished(self._trial(trial), None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._line("retry", self._trial(trial), f"attempt failed: {_last_line(trial.get_error())}")
+        reason = _last_line(trial.get_error()) or (
+            "Tune reported no error: the trial's process or its node was lost")
+        self._line("retry", self._trial(trial), f"attempt failed: {reason}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         try:
