@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from raylf import learning_check
 from raylf.data.federation import Split
 from raylf.training import PARTS, FitResult, LocalTrainer
 
@@ -56,6 +57,10 @@ class BatchedLayers:
 
     def __init__(self, model: nn.Module):
         self.model = model
+        # the leaves in forward order, listed once: walking the module tree every step costs
+        # more than a small model's arithmetic
+        self.leaves = [(f"{name}.", module) for name, module in model.named_modules()
+                       if module is not model and not any(True for _ in module.children())]
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -66,14 +71,12 @@ class BatchedLayers:
 
     def __call__(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``x`` is (clients, batch, *sample); the output (clients, batch, outputs)."""
-        return self._apply(self.model, "", params, x)
+        for prefix, module in self.leaves:
+            x = self._apply(module, prefix, params, x)
+        return x
 
-    def _apply(self, module: nn.Module, prefix: str, params, x):
-        children = list(module.named_children())
-        if children:
-            for name, child in children:
-                x = self._apply(child, f"{prefix}{name}.", params, x)
-            return x
+    @staticmethod
+    def _apply(module: nn.Module, prefix: str, params, x):
         if isinstance(module, nn.Linear):
             weight = params[prefix + "weight"].transpose(1, 2)
             bias = params.get(prefix + "bias")
@@ -235,9 +238,6 @@ class CohortTrainer:
                     return tree if whole else {k: v.index_select(0, index)
                                                for k, v in tree.items()}
 
-                def put(target, value, whole=whole, index=index):
-                    target.copy_(value) if whole else target.index_copy_(0, index, value)
-
                 rows = torch.stack([schedules[c][t] for c in clients])
                 y = split.y[rows] if targets == "labels" else {
                     k: v[rows] for k, v in split.tasks.items()}
@@ -252,13 +252,28 @@ class CohortTrainer:
                     scale = (cfg.grad_clip / (total + 1e-6)).clamp(max=1.0)
                     grads = {k: g * scale.view(-1, *[1] * (g.dim() - 1))
                              for k, g in grads.items()}
-                buffers = take(momentum)
-                for name, g in grads.items():  # torch.optim.SGD's step, per client
-                    d = g + cfg.weight_decay * current[name] if cfg.weight_decay else g
-                    if cfg.momentum:
-                        d = buffers[name] * cfg.momentum + d  # zeros at first: buf = d
-                        put(momentum[name], d)
-                    put(weights[name], current[name] - cfg.lr * d)
+                names = list(grads)  # torch.optim.SGD's step, per client, all tensors at once
+                d = [grads[k] for k in names]
+                if cfg.weight_decay:
+                    d = torch._foreach_add(d, [current[k] for k in names],
+                                           alpha=cfg.weight_decay)
+                if cfg.momentum and whole:  # buffers start at zero: the first buffer is d
+                    buffers = [momentum[k] for k in names]
+                    torch._foreach_mul_(buffers, cfg.momentum)
+                    torch._foreach_add_(buffers, d)
+                    d = buffers
+                elif cfg.momentum:
+                    resting = take(momentum)
+                    d = torch._foreach_add(
+                        torch._foreach_mul([resting[k] for k in names], cfg.momentum), d)
+                    for k, buffer in zip(names, d):
+                        momentum[k].index_copy_(0, index, buffer)
+                if whole:  # the stacked weights are updated in place
+                    torch._foreach_add_([weights[k] for k in names], d, alpha=-cfg.lr)
+                else:
+                    stepped = torch._foreach_add([current[k] for k in names], d, alpha=-cfg.lr)
+                    for k, w in zip(names, stepped):
+                        weights[k].index_copy_(0, index, w)
                 totals.index_add_(0, index, losses.detach())
                 for c in clients:
                     steps[c] += 1
@@ -281,6 +296,23 @@ class CohortTrainer:
             return self.layers(params, x)
         return vmap(lambda p, inputs: functional_call(model, p, (inputs,)))(params, x)
 
+    def dead_relu_fractions(self, vectors: torch.Tensor, split: Split,
+                            positions: list[int]) -> list[float | None] | None:
+        """Each client's ``learning_check.dead_relu_fraction`` on its first ``PROBE_SAMPLES``
+        training rows, from one batched forward (None where vmap runs the model: its hooks see
+        no per-client outputs). A client with fewer rows repeats them, which keeps "zero for
+        every sample" exact; a client with none gets None."""
+        if self.layers is None:
+            return None
+        probe = learning_check.PROBE_SAMPLES
+        spans = [split.rows(p) for p in positions]
+        rows = torch.stack([span.start + torch.arange(probe) % max(span.stop - span.start, 1)
+                            for span in spans]).to(self.trainer.device)
+        fractions = learning_check.dead_relu_fractions(
+            self.trainer.model.encoder, lambda: self.predict(vectors, split.x[rows]),
+            clients=len(positions))
+        return [None if span.stop == span.start else f for span, f in zip(spans, fractions)]
+
     def _gradients(self, loss_fn):
         """(trained params, frozen params, x, y) of a group → (gradients, per-client losses)."""
         if self.layers is None:
@@ -294,7 +326,11 @@ class CohortTrainer:
         def batched(train_params, frozen_params, x, y):
             leaves = {k: v.detach().requires_grad_(True) for k, v in train_params.items()}
             out = self.layers({**leaves, **frozen_params}, x)
-            losses = torch.stack([loss_fn(out[c], _row(y, c)) for c in range(len(out))])
+            if loss_fn is F.cross_entropy and torch.is_tensor(y):  # one call for the cohort
+                losses = F.cross_entropy(out.flatten(0, 1), y.flatten(),
+                                         reduction="none").view(y.shape).mean(1)
+            else:
+                losses = torch.stack([loss_fn(out[c], _row(y, c)) for c in range(len(out))])
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
             return dict(zip(leaves, grads)), losses.detach()
 

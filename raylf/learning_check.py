@@ -13,6 +13,7 @@ row gets a ``warning``.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,26 +34,41 @@ def dead_relu_fraction(encoder: nn.Module, x: torch.Tensor) -> float | None:
     (N×F); a module applied twice (torchvision's blocks) counts once per call. Run in eval
     mode, so nothing (BatchNorm statistics) changes. None when the encoder has no ReLU.
     """
-    counts = [0, 0]  # dead, all
-
-    def count(module, inputs, output):
-        alive = output.detach().transpose(0, 1).reshape(output.shape[1], -1).ne(0).any(1)
-        counts[0] += int((~alive).sum())
-        counts[1] += alive.numel()
-
-    hooks = [m.register_forward_hook(count) for m in encoder.modules()
-             if isinstance(m, RECTIFIERS)]
-    if not hooks or len(x) == 0:
+    if len(x) == 0:
         return None
     training = encoder.training
     try:
         encoder.eval()
-        encoder(x)
+        return dead_relu_fractions(encoder, lambda: encoder(x))[0]
+    finally:
+        encoder.train(training)
+
+
+@torch.no_grad()
+def dead_relu_fractions(encoder: nn.Module, forward: Callable[[], Any],
+                        clients: int = 0) -> list[float | None]:
+    """``dead_relu_fraction`` of each client while ``forward()`` runs ``encoder``'s rectifiers:
+    with ``clients`` > 0 their outputs lead with a client dimension (a cohort's batched forward,
+    clients × N × C × …), so one pass probes every client of a cohort; else one model's."""
+    dead = torch.zeros(max(clients, 1), dtype=torch.long)
+    units = 0
+
+    def count(module, inputs, output):
+        nonlocal dead, units
+        out = output.detach() if clients else output.detach().unsqueeze(0)
+        # rectified outputs are ≥ 0: a unit is alive where its largest output is positive
+        alive = out.amax(dim=(1, *range(3, out.dim()))) > 0  # clients × units
+        dead = dead + (~alive).sum(1).cpu()
+        units += alive.shape[1]
+
+    hooks = [m.register_forward_hook(count) for m in encoder.modules()
+             if isinstance(m, RECTIFIERS)]
+    try:
+        forward()
     finally:
         for hook in hooks:
             hook.remove()
-        encoder.train(training)
-    return counts[0] / counts[1] if counts[1] else None
+    return [float(d) / units if units else None for d in dead.tolist()]
 
 
 def majority_rate(labels: torch.Tensor) -> float | None:

@@ -95,6 +95,8 @@ class LocalTrainer:
     def __init__(self, model: nn.Module, layout: ParamLayout, optimizer, batch_size: int,
                  local_epochs: int, device: torch.device):
         self.model = model.to(device)
+        if device.type == "cpu" and getattr(model, "channels_last_on_cpu", False):
+            run_channels_last(self.model)
         self.layout = layout
         self.device = device
         self.batch_size = batch_size
@@ -294,6 +296,29 @@ class LocalTrainer:
         if len(x) == 0:
             return torch.zeros(0, device=self.device)
         return torch.cat([self.model(x[i: i + chunk]) for i in range(0, len(x), chunk)])
+
+
+def run_channels_last(model: nn.Module) -> None:
+    """Make every ``Conv2d`` of ``model`` take and give channels-last activations, so that the
+    ReLUs and max-pools between them run on that layout too. The weights stay views into the
+    trainer's flat vector (oneDNN reorders them itself). Same values up to float rounding of
+    the convolutions' reductions (~1e-7 after an epoch). On one CPU thread PyTorch's max-pool
+    of NCHW maps is slow (35 % of the heavy CNN's step); the measurements that decide which
+    models ask for this are at ``models.SplitModel.channels_last_on_cpu``."""
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            module.register_forward_pre_hook(_channels_last_input)
+            module.register_forward_hook(_channels_last_output)
+
+
+def _channels_last_input(_module: nn.Module, args: tuple) -> tuple:
+    return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+
+
+def _channels_last_output(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
+    # a one-channel input is NCHW and channels-last at once, and then the convolution's output
+    # comes back NCHW: turn it here, before the activations that follow
+    return output.contiguous(memory_format=torch.channels_last)
 
 
 def seed_global(seed: int, device: torch.device) -> None:

@@ -12,15 +12,16 @@ import torch
 import torch.nn.functional as F
 
 from raylf import results
-from raylf.config import SpecError, validate
+from raylf.config import OptimizerSpec, SpecError, validate
 from raylf.data import build_federation
 from raylf.experiment import run_experiment
 from raylf.methods import METHODS
 from raylf.methods.base import ClientUpdate, share
 from raylf.methods.fedavg_se import FedAvgSE
+from raylf.models import MODELS, build_model
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
-from raylf.training import tensor_bytes
+from raylf.training import LocalTrainer, ParamLayout, tensor_bytes
 from tests.conftest import small_spec_dict
 
 
@@ -286,3 +287,30 @@ def test_eval_clients_scores_a_seeded_sample_and_everyone_at_the_end(small_spec,
     assert by_round[4] == list(range(8))
     assert len({tuple(v) for v in by_round.values()}) > 1  # a new sample each round
     assert first == second
+
+
+def test_a_cpu_trainer_runs_convolutions_channels_last_with_the_same_results():
+    def cnn():
+        torch.manual_seed(0)
+        return build_model("cnn", MODELS.get("cnn").Params(channels=[4, 8], features=16),
+                           (3, 8, 8), 5)
+
+    assert cnn().channels_last_on_cpu  # the CNN asks for it
+    x, y = torch.randn(40, 3, 8, 8), torch.arange(40) % 5
+    results, layouts = {}, {}
+    for channels_last in (True, False):
+        model = cnn()
+        model.channels_last_on_cpu = channels_last
+        layout = ParamLayout.of(model)
+        trainer = LocalTrainer(model, layout, OptimizerSpec(lr=0.1, momentum=0.9), 8, 2,
+                               torch.device("cpu"))
+        seen = layouts.setdefault(channels_last, set())
+        for conv in (trainer.model.encoder[0][0], trainer.model.encoder[0][3]):
+            conv.register_forward_hook(lambda _m, _a, out, seen=seen: seen.add(
+                out.is_contiguous(memory_format=torch.channels_last)))
+        fit = trainer.fit(x, y, seed=3)
+        results[channels_last] = (fit.loss, trainer.vector(), trainer.predict(x))
+    assert layouts == {True: {True}, False: {False}}
+    assert results[True][0] == pytest.approx(results[False][0], abs=1e-5)
+    assert torch.allclose(results[True][1], results[False][1], atol=1e-5)
+    assert torch.allclose(results[True][2], results[False][2], atol=1e-4)

@@ -8,6 +8,9 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
+from raylf.cohort import CohortTrainer
+from raylf.config import OptimizerSpec
+from raylf.data.federation import Split
 from raylf.experiment import run_experiment
 from raylf.learning_check import (
     STUCK_ROUNDS,
@@ -16,6 +19,8 @@ from raylf.learning_check import (
     majority_rate,
     not_learning,
 )
+from raylf.models import MODELS, build_model
+from raylf.training import LocalTrainer, ParamLayout
 
 
 def test_dead_units_are_those_zero_on_every_probe_sample():
@@ -76,6 +81,28 @@ def test_warning_after_three_stuck_evaluation_rounds_in_a_row():
               evaluation(4, 0.6, 0.5)]
     assert not_learning(broken) is None
     assert not_learning([evaluation(1, 0.9, 0.9)] * 5) is None
+
+
+def test_a_cohort_probes_each_client_as_its_own_model_would_be_probed():
+    model = build_model("cnn", MODELS.get("cnn").Params(channels=[4, 8], features=6),
+                        (3, 8, 8), 3)
+    trainer = LocalTrainer(model, ParamLayout.of(model), OptimizerSpec(), 16, 1,
+                           torch.device("cpu"))
+    sizes = [40, 5, 0, 32]  # more than the probe, fewer (rows repeat), none, exactly the probe
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    x = torch.randn(int(offsets[-1]), 3, 8, 8)
+    split = Split(x, torch.zeros(len(x), dtype=torch.long), {}, offsets)
+    generator = torch.Generator().manual_seed(0)
+    vectors = torch.stack([trainer.vector() + torch.randn(trainer.layout.size, generator=generator)
+                           * scale for scale in (0.0, 0.3, 0.3, 1.0)])
+    batched = CohortTrainer(trainer).dead_relu_fractions(vectors, split, [0, 1, 2, 3])
+    one_by_one = []
+    for position, vector in enumerate(vectors):
+        trainer.load(vector)
+        rows = split.rows(position)
+        one_by_one.append(dead_relu_fraction(trainer.model.encoder, x[rows][:32]))
+    assert batched == one_by_one
+    assert batched[2] is None and len(set(batched)) > 2  # the clients' models really differ
 
 
 def test_random_labels_give_a_warning_and_the_rounds_carry_the_diagnostics(tmp_path, small_spec):

@@ -37,6 +37,12 @@ SPLITS = ("test", "val")
 log = logging.getLogger("raylf")
 
 
+def _with_dead_units(update: ClientUpdate, dead: float | None) -> ClientUpdate:
+    if dead is not None:
+        update.metrics = {**update.metrics, "dead_relu_fraction": dead}
+    return update
+
+
 def peak_memory(device: torch.device) -> int:
     """Peak bytes this worker has held: the device's allocator peak on a GPU, else the
     process's peak resident set (the worker is its own process on Ray)."""
@@ -184,31 +190,28 @@ class ClientShard:
 
         def step(cid: int):
             if done is not None:
-                update, fits, trained = done[cid]
-                self.trainer.load(trained)
-            else:
-                update, fits = self._logged(lambda: self.method.local_update(
-                    self.trainer, payload, self._to_device(self.personal.get(cid)),
-                    self.data.client(cid), seeds[cid], extras.get(cid)))
+                update, fits, dead = done[cid]
+                return _with_dead_units(update, dead), fits
+            update, fits = self._logged(lambda: self.method.local_update(
+                self.trainer, payload, self._to_device(self.personal.get(cid)),
+                self.data.client(cid), seeds[cid], extras.get(cid)))
             # only a model this round trained is probed: after gradients alone (the per-step
             # methods) the loaded weights are whatever an earlier round left, not a result
-            trained_here = done is not None or (fits and fits[-1].steps > 0)
-            return (self._probed(cid, update) if trained_here else update), fits
+            if fits and fits[-1].steps > 0:
+                update = _with_dead_units(update, self._dead_units(cid))
+            return update, fits
 
         return self._run_clients(client_ids, step)
 
-    def _probed(self, cid: int, update: ClientUpdate) -> ClientUpdate:
-        """The update with its dead-ReLU fraction, probed on the model its training left
-        loaded (a rounds-table diagnostic; ``raylf.learning_check``)."""
+    def _dead_units(self, cid: int) -> float | None:
+        """The dead-ReLU fraction of the model the client's training left loaded (a
+        rounds-table diagnostic; ``raylf.learning_check``)."""
         probe = self.data.client(cid).x_train[: learning_check.PROBE_SAMPLES]
-        dead = learning_check.dead_relu_fraction(self.trainer.model.encoder, probe)
-        if dead is not None:
-            update.metrics = {**update.metrics, "dead_relu_fraction": dead}
-        return update
+        return learning_check.dead_relu_fraction(self.trainer.model.encoder, probe)
 
     def _train_cohorts(self, payload, client_ids: np.ndarray, extras: dict[int, Any],
                        seeds: dict[int, int]) -> dict[int, tuple] | None:
-        """Every client's (update, fits, trained vector) from cohort training, or None when this
+        """Every client's (update, fits, dead-ReLU fraction) from cohort training, or None when this
         round trains one client after another (cohorts off, one client, a plan-less method, an
         unsupported model, or plans of different shapes); the first refusal is logged with its
         reason."""
@@ -236,8 +239,13 @@ class ClientShard:
             except RuntimeError as err:  # e.g. an op of the loss without a vmap rule
                 self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
                 return None
-            for c, vector, fit in zip(ids[block], vectors, fits):
-                done[c] = (plans[c].finish(vector), [fit], vector)
+            dead = self.cohort.dead_relu_fractions(vectors, self.data.train,
+                                                   [m.position for m in members])
+            for i, (c, vector, fit) in enumerate(zip(ids[block], vectors, fits)):
+                if dead is None:  # no batched probe for this model: one client at a time
+                    self.trainer.load(vector)
+                done[c] = (plans[c].finish(vector), [fit],
+                           self._dead_units(c) if dead is None else dead[i])
         return done
 
     def _sequential(self, reason: str) -> None:
