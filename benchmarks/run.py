@@ -300,7 +300,8 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
                             ratio_to_floor=ratio,
                             note="the floor on raylf's CPU layout; acc diff: vs the plain floor",
                             max_acc_diff_vs_floor=max(max_diff(c["acc"], f["acc"]) for c, f in
-                                                      zip(reference, runs["floor"])),
+                                                      zip(runs["floor-channels-last"],
+                                                          runs["floor"])),
                             **layout))
         for variant, _backend, workers, _cohort in variants:
             m = summarize(runs[variant])

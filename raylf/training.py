@@ -304,7 +304,7 @@ def run_channels_last(model: nn.Module) -> None:
     trainer's flat vector (oneDNN reorders them itself). Same values up to float rounding of
     the convolutions' reductions (~1e-7 after an epoch). On one CPU thread PyTorch's max-pool
     of NCHW maps is slow (35 % of the heavy CNN's step); the measurements that decide which
-    models ask for this are at ``models.SplitModel.channels_last_on_cpu``."""
+    models ask for this are at ``models.SplitModel``."""
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
             module.register_forward_pre_hook(_channels_last_input)

@@ -25,17 +25,17 @@ class ModelParams(BaseModel):
 
 
 class SplitModel(nn.Module):
-    # Whether a CPU trainer runs this model's convolutions on channels-last activations
-    # (``training.run_channels_last``): set by the models measured faster that way. Local SGD
-    # of one client, batch 32, one thread, this 2-core Xeon, NCHW time over channels-last time:
-    # cnn [16, 32] on 3×32×32 1.45×, on 1×28×28 1.18×, on 1×8×8 1.09×; mobilenet_v2 on 3×32×32
-    # 1.51×; resnet18 0.89× and vgg16_cifar 0.78× (slower: left NCHW).
-    channels_last_on_cpu = False
-
-    def __init__(self, encoder: nn.Module, head: nn.Module):
+    # ``channels_last_on_cpu``: whether a CPU trainer runs this model's convolutions on
+    # channels-last activations (``training.run_channels_last``), set by the models measured
+    # faster that way. Local SGD of one client, batch 32, one thread, this 2-core Xeon, NCHW
+    # time over channels-last time: cnn [16, 32] on 3×32×32 1.45×, on 1×28×28 1.18×, on 1×8×8
+    # 1.09×; mobilenet_v2 on 3×32×32 1.51×; resnet18 0.89× and vgg16_cifar 0.78× (slower: left
+    # NCHW).
+    def __init__(self, encoder: nn.Module, head: nn.Module, channels_last_on_cpu: bool = False):
         super().__init__()
         self.encoder = encoder
         self.head = head
+        self.channels_last_on_cpu = channels_last_on_cpu
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.encoder(x))
@@ -89,9 +89,8 @@ class CNN:
     @staticmethod
     def build(params: Params, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
         encoder = conv_encoder(input_shape, params.channels, params.features)
-        model = SplitModel(encoder, nn.Linear(params.features, num_classes))
-        model.channels_last_on_cpu = True
-        return model
+        return SplitModel(encoder, nn.Linear(params.features, num_classes),
+                          channels_last_on_cpu=True)
 
 
 def _small_input_stem(conv: nn.Conv2d, in_channels: int) -> nn.Conv2d:
@@ -186,9 +185,7 @@ class MobileNetV2:
         load_pretrained(net, params.weights, "MobileNet_V2_Weights")
         head = net.classifier[-1]
         net.classifier[-1] = nn.Identity()
-        model = SplitModel(net, head)
-        model.channels_last_on_cpu = True
-        return model
+        return SplitModel(net, head, channels_last_on_cpu=True)
 
 
 def build_model(name: str, params: BaseModel, input_shape: tuple[int, ...],
