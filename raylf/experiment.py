@@ -83,6 +83,7 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     status, error, diverged_round = "ok", None, None
     started = time.perf_counter() - progress.wall_s
     runtime = checkpoints = None
+    finished = False  # ended without an exception: the runtime's actors may serve the next run
     failure: BaseException | None = None
     applied: dict[str, Any] = {}  # the input normalization's columns, once the data are built
     try:
@@ -122,15 +123,17 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
                     checkpoints.reported(rnd)
             if outcome.diverged:
                 break
+        finished = True
     except SpecError:
         raise  # impossible spec or resources: nothing ran, nothing to record
     except RecordedStop as exc:  # a budget or guard ended the run: its own status and reason
         status, error = exc.status, str(exc)
+        finished = True
     except Exception as exc:  # recorded in the trials table, then optionally re-raised
         status, error, failure = "failed", traceback.format_exc(), exc
     finally:
         if runtime is not None:
-            runtime.close()
+            runtime.close(finished)
         if checkpoints is not None:
             checkpoints.close()
     tables = {

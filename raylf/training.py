@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.sgd import sgd
 
 PARTS = ("encoder", "head")
 
@@ -116,7 +117,6 @@ class LocalTrainer:
                 setattr(owner, leaf, view)
         self._params = {part: [p for n, p in self.model.named_parameters()
                                if n.startswith(part + ".")] for part in PARTS}
-        self._optimizers: dict[tuple[str, ...], torch.optim.Optimizer] = {}
         self.fits: list[FitResult] = []  # every fit and gradient since the runtime last cleared it
 
     # -- flat vector access ------------------------------------------------------------------
@@ -129,16 +129,19 @@ class LocalTrainer:
         return source.detach().clone()
 
     # -- training ----------------------------------------------------------------------------
-    def _optimizer(self, trainable: tuple[str, ...]) -> torch.optim.Optimizer:
-        """One optimizer per trainable selection, reused; frozen parts are simply left out."""
-        if trainable not in self._optimizers:
-            params = [p for part in trainable for p in self._params[part]]
-            cfg = self.opt_cfg
-            self._optimizers[trainable] = torch.optim.SGD(
-                params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        opt = self._optimizers[trainable]
-        opt.state.clear()
-        return opt
+    def _sgd_step(self, params: list[torch.Tensor], buffers: list[torch.Tensor | None]) -> None:
+        """``torch.optim.SGD.step`` through its functional form ``torch.optim.sgd.sgd``: the same
+        arithmetic (parameters without a gradient skipped, their momentum kept), but building the
+        optimizer object imports ``torch._dynamo``, 3–4 s in every fresh worker process here."""
+        stepped = [i for i, p in enumerate(params) if p.grad is not None]
+        cfg = self.opt_cfg
+        momenta = [buffers[i] for i in stepped] if cfg.momentum != 0 else []
+        with torch.no_grad():
+            sgd([params[i] for i in stepped], [params[i].grad for i in stepped], momenta,
+                weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr,
+                dampening=0.0, nesterov=False, maximize=False)
+        for i, buffer in zip(stepped, momenta):
+            buffers[i] = buffer
 
     def fit(self, x: torch.Tensor, y: torch.Tensor, *, seed: int,
             trainable: tuple[str, ...] = PARTS, epochs: int | None = None,
@@ -162,8 +165,8 @@ class LocalTrainer:
             per_epoch = max(1, math.ceil(n / self.batch_size))
             epochs = (self.local_epochs if max_steps is None
                       else math.ceil(max_steps / per_epoch))
-        opt = self._optimizer(trainable)
-        params = opt.param_groups[0]["params"]
+        params = [p for part in trainable for p in self._params[part]]
+        buffers: list[torch.Tensor | None] = [None] * len(params)  # momentum, fresh every fit
         for part in PARTS:
             for p in self._params[part]:
                 p.requires_grad_(part in trainable)
@@ -185,7 +188,8 @@ class LocalTrainer:
                 target = y[idx] if torch.is_tensor(y) else {k: v[idx] for k, v in y.items()}
                 loss = loss_fn(self.model(x[idx]), target)
                 objective = loss if penalty is None else loss + penalty()
-                opt.zero_grad(set_to_none=True)
+                for p in params:
+                    p.grad = None
                 objective.backward()
                 if anchors is not None:
                     torch._foreach_add_([p.grad for p in params],
@@ -193,7 +197,7 @@ class LocalTrainer:
                                         alpha=prox[1])
                 if self.opt_cfg.grad_clip is not None:
                     nn.utils.clip_grad_norm_(params, self.opt_cfg.grad_clip)
-                opt.step()
+                self._sgd_step(params, buffers)
                 if after_step is not None:
                     with torch.no_grad():
                         after_step()

@@ -45,6 +45,21 @@ def small_spec_dict(**changes) -> dict:
     return spec
 
 
+def run_local_as_a_ray_worker(spec) -> dict:
+    """The in-process reference run's tables with one torch thread, as a Ray worker of these
+    specs has (its threads = its CPUs): the arithmetic the Ray backend must reproduce."""
+    import torch
+
+    from raylf.experiment import run_experiment
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_experiment(spec, backend="local").tables
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def small_spec():
     def make(**changes):

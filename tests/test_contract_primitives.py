@@ -4,7 +4,11 @@ validation splits and method-defined tables. Toy methods here exist only for the
 
 from __future__ import annotations
 
+import copy
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +25,7 @@ from raylf.methods.fedavg_se import FedAvgSE
 from raylf.models import MODELS, build_model
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
-from raylf.training import LocalTrainer, ParamLayout, tensor_bytes
+from raylf.training import LocalTrainer, ParamLayout, model_vector, tensor_bytes
 from tests.conftest import small_spec_dict
 
 
@@ -314,3 +318,44 @@ def test_a_cpu_trainer_runs_convolutions_channels_last_with_the_same_results():
     assert results[True][0] == pytest.approx(results[False][0], abs=1e-5)
     assert torch.allclose(results[True][1], results[False][1], atol=1e-5)
     assert torch.allclose(results[True][2], results[False][2], atol=1e-4)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_trainer_steps_exactly_as_torch_optim_sgd(momentum):
+    """The trainer uses SGD's functional form; a plain ``torch.optim.SGD`` loop over the same
+    batches (head frozen, weight decay) must end on the same weights, bit for bit."""
+    torch.manual_seed(0)
+    model = build_model("mlp", MODELS.get("mlp").Params(hidden=[12]), (1, 4, 4), 3)
+    x, y = torch.randn(30, 1, 4, 4), torch.arange(30) % 3
+    cfg = OptimizerSpec(lr=0.1, momentum=momentum, weight_decay=0.01)
+    reference = copy.deepcopy(model)
+    layout = ParamLayout.of(model)
+    trainer = LocalTrainer(model, layout, cfg, 8, 2, torch.device("cpu"))
+    trainer.fit(x, y, seed=5, trainable=("encoder",))
+
+    opt = torch.optim.SGD(reference.encoder.parameters(), lr=0.1, momentum=momentum,
+                          weight_decay=0.01)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(2):
+        order = torch.randperm(30, generator=gen)
+        for start in range(0, 30, 8):
+            idx = order[start: start + 8]
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(reference(x[idx]), y[idx]).backward()
+            opt.step()
+    assert torch.equal(trainer.vector(), model_vector(reference, layout))
+
+
+def test_local_training_leaves_torch_dynamo_unimported():
+    """Constructing a ``torch.optim.SGD`` imports ``torch._dynamo``: 3–4 s in every fresh worker
+    process on this kind of machine, paid again by every trial. A whole local experiment must
+    not import it."""
+    code = ("import sys; from raylf.config import validate; "
+            "from raylf.experiment import run_experiment; "
+            "from tests.conftest import small_spec_dict; "
+            "r = run_experiment(validate(small_spec_dict(federation__rounds=2))); "
+            "assert r.tables['trials'][0]['status'] == 'ok', r.tables['trials'][0]['error']; "
+            "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from raylf.config import SpecError
 from raylf.experiment import run_experiment
-from raylf.runtime.ray_backend import bundles, check_fits
+from raylf.runtime.ray_backend import bundles, check_fits, warm_actors
+from tests.conftest import run_local_as_a_ray_worker
 
 
 @pytest.mark.parametrize("method", ["fedavg_se", "fedavg"])  # sharded / replicated client data
@@ -15,12 +15,7 @@ def test_ray_and_local_agree_exactly(ray_cluster, small_spec, method):
     """Same partition, same participation stream, same per-client accuracies (CPU, 1 thread)."""
     spec = small_spec(federation__rounds=6, method__name=method,
                       resources={"workers": 2, "cpus_per_worker": 0.5, "gpus_per_worker": 0.25})
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        local = run_experiment(spec, backend="local").tables
-    finally:
-        torch.set_num_threads(threads)
+    local = run_local_as_a_ray_worker(spec)
     remote = run_experiment(spec, backend="ray").tables
     assert remote["trials"][0]["status"] == "ok", remote["trials"][0]["error"]
 
@@ -53,6 +48,32 @@ def test_actors_fill_every_bundle_of_the_group_with_gpu_shares(ray_cluster, smal
     assert result.status == "ok", result.error
     assert seen["CPU"] == (pytest.approx(0.25 + 3 * 0.5), 0)
     assert seen["GPU"] == (pytest.approx(3 * 0.25), 0)
+
+
+def test_a_finished_run_hands_its_actors_to_the_next_run_of_the_same_shape(ray_cluster,
+                                                                           small_spec):
+    """The next run reopens the parked actors (the same processes) and its tables equal the
+    in-process reference's, as a run on fresh actors does (above); leaving ``warm_actors``
+    removes the parked group."""
+    import ray
+
+    first = small_spec(method__name="fedavg_se", federation__rounds=2)
+    second = small_spec(method__name="fedavg", federation__rounds=3, seed=5)
+    used = []
+
+    def actors(outcome, runtime, progress, snapshot):
+        used.append((runtime.group, [a._actor_id for a in [runtime.coordinator, *runtime.workers]]))
+
+    local = run_local_as_a_ray_worker(second)
+    with warm_actors():
+        assert run_experiment(first, backend="ray", on_round=actors).status == "ok"
+        warm = run_experiment(second, backend="ray", on_round=actors).tables
+    assert used[0] == used[-1]  # one group and three actors served both runs
+    assert ray.util.placement_group_table(used[0][0])["state"] == "REMOVED"
+    for table in ("rounds", "clients"):
+        measured = {"round_s", "wall_s", "trial_id", "worker_peak_mb"}
+        assert [{k: v for k, v in r.items() if k not in measured} for r in warm[table]] == \
+               [{k: v for k, v in r.items() if k not in measured} for r in local[table]]
 
 
 def test_bundles_reserve_one_per_actor(small_spec):

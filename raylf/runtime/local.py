@@ -58,5 +58,5 @@ class LocalRuntime:
     def restore(self, snapshot) -> None:
         self.coordinator.restore(snapshot)
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
         pass

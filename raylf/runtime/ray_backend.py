@@ -4,10 +4,17 @@ Every actor is created on its own bundle of a placement group, with child-task c
 declares its CPUs (and GPU share) explicitly. Outside Tune the group is created here and checked
 against the cluster first; inside a Tune trial the trial's own group is used (bundle 0 is the
 trial function, then the coordinator, then one bundle per worker).
+
+A finished run parks its actors instead of killing them when the next run of the process can
+take them over (``park``): starting an actor process costs an import of torch, and three of
+them are most of a short trial's time on a small machine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +27,7 @@ from raylf.config import ResourceSpec
 from raylf.errors import SpecError
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
-from raylf.runtime.shard import ClientShard
+from raylf.runtime.shard import ClientShard, reset_peak_memory
 from raylf.training import tensor_bytes
 from raylf.tree import map_leaves
 
@@ -84,8 +91,26 @@ def convert_uploads(result: dict, convert) -> dict:
     return result | {part: convert(result[part]) for part in _TENSOR_PARTS}
 
 
-class RayShard(ClientShard):
+class Reopenable:
+    """An actor that can become a fresh instance in its own, already started process."""
+
+    def reopen(self, *args) -> None:
+        """Discard this instance's state and construct again from ``args``: nothing of the
+        previous experiment survives but the process (its imports, torch's thread pool)."""
+        self.__dict__.clear()
+        self.__init__(*args)
+
+
+class RayCoordinator(Reopenable, Coordinator):
+    pass
+
+
+class RayShard(Reopenable, ClientShard):
     """A ClientShard whose tensor messages travel as NumPy arrays."""
+
+    def reopen(self, *args) -> None:
+        reset_peak_memory()  # the peak recorded per round is this experiment's, not the process's
+        super().reopen(*args)
 
     def setup(self, client_ids):
         return convert_uploads(super().setup(client_ids), as_arrays)
@@ -149,27 +174,86 @@ class RayPool:
         self._get([a.load_personal.remote(folder) for a in self.actors])
 
 
+@dataclass
+class Parked:
+    """A finished run's actors, waiting for the next run of the same shape in this process."""
+
+    key: tuple
+    coordinator: Any
+    workers: list
+    group: PlacementGroup | None  # a group the run created itself, parked with its actors
+
+    def release(self) -> None:
+        for actor in [self.coordinator, *self.workers]:
+            ray.kill(actor, no_restart=True)
+        if self.group is not None:
+            remove_placement_group(self.group)
+
+
+_parked: Parked | None = None
+_park_owned_groups = False
+
+
+def park(actors: Parked) -> None:
+    global _parked
+    release_parked()
+    _parked = actors
+
+
+def take_parked(key: tuple) -> Parked | None:
+    """The parked actors if they fit ``key``; any others are released (their resources may be
+    what the new run needs)."""
+    global _parked
+    if _parked is not None and _parked.key != key:
+        release_parked()
+    parked, _parked = _parked, None
+    return parked
+
+
+def release_parked() -> None:
+    global _parked
+    if _parked is not None:
+        _parked.release()
+        _parked = None
+
+
+@contextmanager
+def warm_actors() -> Iterator[None]:
+    """Inside this block, runs that create their own placement group park it with their actors
+    too (many experiments of one shape from one driver: the contract suite); whatever is parked
+    is released at the end. Elsewhere only runs on a placement group they were given (a Tune
+    trial's, kept by Tune for the next trial of a reused trial process) park, since a parked
+    group holds its resources until released."""
+    global _park_owned_groups
+    _park_owned_groups = True
+    try:
+        yield
+    finally:
+        _park_owned_groups = False
+        release_parked()
+
+
 class RayRuntime:
     name = "ray"
 
     def __init__(self, blueprint: Blueprint, placement: tuple[PlacementGroup, int] | None = None,
                  label: str = "raylf"):
-        """``label`` names the actors in the dashboard: ``<label>/coordinator``, ``/worker-3``."""
+        """``label`` names the actors in the dashboard: ``<label>/coordinator``, ``/worker-3``
+        (actors taken over from a parked run keep the name they were started with)."""
         res = blueprint.spec.resources
-        shards = blueprint.shards()
+        hosted = blueprint.hosted()
         self.timeout_s = res.round_timeout_s
         self._owned_group = placement is None
+        self._key = (None if placement is None else (placement[0].id.hex(), placement[1]),
+                     str(bundles(res, len(hosted))), res.threads_per_worker())
+        self._queued: dict[int, ray.ObjectRef] = {}
+        parked = take_parked(self._key)
+        if parked is not None and self._reopen(parked, blueprint, hosted, res):
+            self.group = parked.group if self._owned_group else placement[0]
+            self.workers, self.coordinator = parked.workers, parked.coordinator
+            return
         if placement is None:
-            check_fits(res, len(shards))
-            group = placement_group(bundles(res, len(shards)), strategy="PACK")
-            try:
-                ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
-            except ray.exceptions.GetTimeoutError:
-                remove_placement_group(group)
-                raise SpecError([("resources", (
-                    f"the Ray cluster could not place {bundles(res, len(shards))} within "
-                    f"{PLACEMENT_TIMEOUT_S:.0f} s (other jobs may hold the resources)"))]) from None
-            placement = (group, 0)
+            placement = (self._own_group(res, len(hosted)), 0)
         self.group, first = placement
 
         def on_bundle(index: int) -> PlacementGroupSchedulingStrategy:
@@ -183,14 +267,39 @@ class RayRuntime:
                 num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker,
                 scheduling_strategy=on_bundle(1 + w), name=f"{label}/worker-{w}",
             ).remote(blueprint, ids, res.threads_per_worker(), w)
-            for w, ids in enumerate(blueprint.hosted())
+            for w, ids in enumerate(hosted)
         ]
-        self._queued: dict[int, ray.ObjectRef] = {}
-        coordinator_actor = ray.remote(Coordinator)
+        coordinator_actor = ray.remote(RayCoordinator)
         self.coordinator = coordinator_actor.options(
             num_cpus=res.coordinator_cpus, scheduling_strategy=on_bundle(0),
             name=f"{label}/coordinator",
         ).remote(blueprint, RayPool(self.workers, self.timeout_s))
+
+    @staticmethod
+    def _own_group(res: ResourceSpec, workers: int) -> PlacementGroup:
+        check_fits(res, workers)
+        group = placement_group(bundles(res, workers), strategy="PACK")
+        try:
+            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            remove_placement_group(group)
+            raise SpecError([("resources", (
+                f"the Ray cluster could not place {bundles(res, workers)} within "
+                f"{PLACEMENT_TIMEOUT_S:.0f} s (other jobs may hold the resources)"))]) from None
+        return group
+
+    def _reopen(self, parked: Parked, blueprint: Blueprint, hosted, res: ResourceSpec) -> bool:
+        """Turn the parked actors into this run's; False (and released) if one has died."""
+        try:
+            ray.get([worker.reopen.remote(blueprint, ids, res.threads_per_worker(), w)
+                     for w, (worker, ids) in enumerate(zip(parked.workers, hosted))],
+                    timeout=self.timeout_s)
+            ray.get(parked.coordinator.reopen.remote(
+                blueprint, RayPool(parked.workers, self.timeout_s)), timeout=self.timeout_s)
+        except ray.exceptions.RayError:
+            parked.release()
+            return False
+        return True
 
     def run_round(self, rnd: int, then: int | None = None) -> RoundOutcome:
         """Round ``rnd``'s outcome; with ``then``, round ``then`` is queued on the coordinator
@@ -210,8 +319,12 @@ class RayRuntime:
     def restore(self, snapshot) -> None:
         ray.get(self.coordinator.restore.remote(snapshot), timeout=self.timeout_s)
 
-    def close(self) -> None:
-        for actor in [self.coordinator, *self.workers]:
-            ray.kill(actor, no_restart=True)
-        if self._owned_group:
-            remove_placement_group(self.group)
+    def close(self, finished: bool = False) -> None:
+        """Park the actors for the next run if this one ``finished`` (no failure, nothing
+        queued) and may park (see ``warm_actors``); otherwise kill them."""
+        actors = Parked(self._key, self.coordinator, self.workers,
+                        self.group if self._owned_group else None)
+        if finished and not self._queued and (_park_owned_groups or not self._owned_group):
+            park(actors)
+        else:
+            actors.release()
