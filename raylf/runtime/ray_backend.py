@@ -102,7 +102,7 @@ class Reopenable:
 
 
 class RayCoordinator(Reopenable, Coordinator):
-    pass
+    """The coordinator as an actor a later run can take over."""
 
 
 class RayShard(Reopenable, ClientShard):
