@@ -45,6 +45,13 @@ def small_spec_dict(**changes) -> dict:
     return spec
 
 
+TIMING = {"round_s", "wall_s", "trial_id", "worker_peak_mb"}  # measurements, not results
+
+
+def without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
 def run_local_as_a_ray_worker(spec) -> dict:
     """The in-process reference run's tables with one torch thread, as a Ray worker of these
     specs has (its threads = its CPUs): the arithmetic the Ray backend must reproduce."""

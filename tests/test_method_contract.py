@@ -19,10 +19,9 @@ from raylf.runtime.local import LocalRuntime
 from raylf.runtime.ray_backend import warm_actors
 from raylf.runtime.shard import Reduction, upload_bytes
 from raylf.training import tensor_bytes
-from tests.conftest import run_local_as_a_ray_worker, small_spec_dict
+from tests.conftest import run_local_as_a_ray_worker, small_spec_dict, without_timing
 
 NAMES = METHODS.names()
-TIMING = {"round_s", "wall_s", "trial_id", "worker_peak_mb"}  # measurements, not results
 HOOKS = [n for n, v in vars(Method).items() if callable(v) and not n.startswith("_")
          and n != "Params"]
 # Loops a method runs at evaluation time whose length no contract property depends on: FedALA's
@@ -66,10 +65,6 @@ def contract_spec(name: str, **changes):
 
 def local_runtime(spec) -> LocalRuntime:
     return LocalRuntime(Blueprint(spec, build_federation(spec)))
-
-
-def without_timing(rows):
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
 def personal_of(runtime: LocalRuntime) -> dict:
