@@ -27,7 +27,8 @@ from raylf.config import ResourceSpec
 from raylf.errors import SpecError
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
-from raylf.runtime.shard import ClientShard, reset_peak_memory
+from raylf.runtime.memory import keep_freed_memory, reset_peak_memory
+from raylf.runtime.shard import ClientShard
 from raylf.training import tensor_bytes
 from raylf.tree import map_leaves
 
@@ -106,7 +107,12 @@ class RayCoordinator(Reopenable, Coordinator):
 
 
 class RayShard(Reopenable, ClientShard):
-    """A ClientShard whose tensor messages travel as NumPy arrays."""
+    """A ClientShard whose tensor messages travel as NumPy arrays, in a process whose allocator
+    keeps the memory each training step frees (``keep_freed_memory``)."""
+
+    def __init__(self, *args, **kwargs):
+        keep_freed_memory()
+        super().__init__(*args, **kwargs)
 
     def reopen(self, *args) -> None:
         reset_peak_memory()  # the peak recorded per round is this experiment's, not the process's

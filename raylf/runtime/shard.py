@@ -29,6 +29,7 @@ from raylf.cohort import (
 from raylf.methods.base import ClientUpdate, Method, Share, score
 from raylf.results import filesystem
 from raylf.runtime.blueprint import Blueprint, pick_device
+from raylf.runtime.memory import peak_memory
 from raylf.seeding import derive
 from raylf.training import FitResult, tensor_bytes
 from raylf.tree import map_leaves
@@ -41,34 +42,6 @@ def _with_dead_units(update: ClientUpdate, dead: float | None) -> ClientUpdate:
     if dead is not None:
         update.metrics = {**update.metrics, "dead_relu_fraction": dead}
     return update
-
-
-def peak_memory(device: torch.device) -> int:
-    """Peak bytes this worker has held since it started or ``reset_peak_memory``: the device's
-    allocator peak on a GPU, else the process's peak resident set (the worker is its own
-    process on Ray)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    try:
-        with open("/proc/self/status") as status:
-            return next(int(line.split()[1]) * 1024 for line in status
-                        if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def reset_peak_memory() -> None:
-    """Start ``peak_memory`` again from what is held now (Linux's clear_refs code 5 resets the
-    resident-set high-water mark; elsewhere the process's peak stays)."""
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")
-    except OSError:
-        pass
 
 
 def upload_bytes(upload: dict[str, Any]) -> int:
