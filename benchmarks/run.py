@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import subprocess
@@ -342,7 +343,20 @@ def scaling_section(quick: bool, log) -> list[dict[str, Any]]:
                         repeats=1,
                         note="MiB RSS at peak: " + ", ".join(
                             f"{k} {v}" for k, v in m["rss_breakdown_mib"].items()), **m))
+    start_ray()
     return rows
+
+
+def measure_in_fresh_driver(base: dict) -> dict[str, Any]:
+    """``measure_raylf`` on 2 Ray workers with memory sampling, in a new driver process with its
+    own Ray: what a user's ``python -m raylf.run`` starts from, so neither the data earlier
+    sections left in this process nor their idle Ray workers count."""
+    torch.set_num_threads(1)
+    start_ray()
+    try:
+        return measure_raylf(base, "ray", 2, sampler=True, startup=True)
+    finally:
+        stop_ray()
 
 
 def million_section(log) -> list[dict[str, Any]]:
@@ -351,14 +365,14 @@ def million_section(log) -> list[dict[str, Any]]:
     registered clients; start-up (partition, shards, actors) and memory of all processes."""
     spec = yaml.safe_load((ROOT / "tune" / "examples" / "synthetic_1m.yaml").read_text())
     rows, per_round = [], {}
+    stop_ray()
     for n in (10_000, 1_000_000):
         base = W.with_fields(spec, federation__num_clients=n,
                              federation__participation=100 / n,
                              dataset__n_samples=spec["dataset"]["n_samples"] // 1_000_000 * n)
         base.pop("resources")
-        stop_ray()  # a fresh Ray per size, so idle workers of earlier runs do not count
-        start_ray()
-        m = measure_raylf(base, "ray", 2, sampler=True, startup=True)
+        with multiprocessing.get_context("spawn").Pool(1) as driver:
+            m = driver.apply(measure_in_fresh_driver, (base,))
         per_round[n] = m["round_s"]
         log(f"[million] {n} clients: {m['round_s']:.3f} s/round, start-up "
             f"{m['startup_s']:.1f} s, all processes {m['peak_rss_all_gib']:.2f} GiB RSS "
@@ -367,6 +381,7 @@ def million_section(log) -> list[dict[str, Any]]:
                         ratio_to_10k=m["round_s"] / per_round[10_000],
                         note=f"start-up {m['startup_s']:.1f} s; MiB RSS at peak: " + ", ".join(
                             f"{k} {v}" for k, v in m["rss_breakdown_mib"].items()), **m))
+    start_ray()
     return rows
 
 

@@ -111,8 +111,8 @@ class RayShard(Reopenable, ClientShard):
     keeps the memory each training step frees (``keep_freed_memory``)."""
 
     def __init__(self, *args, **kwargs):
-        keep_freed_memory()
         super().__init__(*args, **kwargs)
+        keep_freed_memory()  # once the data is resident (see there)
 
     def reopen(self, *args) -> None:
         reset_peak_memory()  # the peak recorded per round is this experiment's, not the process's
