@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return EXIT_SPEC
     from raylf.experiment import run_experiment
-    from raylf.runtime.memory import keep_freed_memory
 
-    keep_freed_memory()  # this process is raylf's: where it trains (local backend), as a worker
     if args.backend == "ray":
         from raylf.raycluster import connect
 

@@ -41,9 +41,8 @@ def keep_freed_memory() -> bool:
 
     Called once the process's data is resident (setting up frees large temporaries that should
     go back): a worker keeping its setup's garbage measured 200 MiB more over the two workers of
-    the million-client run. Process-wide, so only processes raylf owns call it (Ray workers,
-    ``python -m raylf.run``); ``run_experiment`` called from a user's own program leaves that
-    program's allocator alone.
+    the million-client run. Process-wide, so only the processes raylf starts for training call
+    it (Ray workers); a driver, and the local backend in it, keep their allocator as it is.
     """
     name = ctypes.util.find_library("c")
     try:
