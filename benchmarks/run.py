@@ -343,7 +343,6 @@ def scaling_section(quick: bool, log) -> list[dict[str, Any]]:
                         repeats=1,
                         note="MiB RSS at peak: " + ", ".join(
                             f"{k} {v}" for k, v in m["rss_breakdown_mib"].items()), **m))
-    start_ray()
     return rows
 
 

@@ -23,7 +23,8 @@ _M_MMAP_THRESHOLD = -3
 # mapped and unmapped as before. 32 MiB is the largest threshold glibc's own adaptation picks.
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 # Free memory the heap may keep at its top: above a step's heap blocks for the models here, and
-# small beside the million-client run's 8 GiB bound (7.45 GiB in all processes with it).
+# small beside the million-client run's 8 GiB bound (7.39 GiB in all processes with it,
+# benchmarks/records/2026-12-02-cpu-million-ff068cb.json).
 TRIM_THRESHOLD_BYTES = 256 * 2**20
 
 
