@@ -30,7 +30,7 @@ from raylf.runtime.coordinator import balance
 from raylf.runtime.ray_backend import RayShard
 from raylf.runtime.shard import ClientShard
 from raylf.seeding import derive, stream
-from raylf.training import run_channels_last, seed_global
+from raylf.training import pool_before_rectifying, run_channels_last, seed_global
 
 
 def _psutil():
@@ -205,14 +205,15 @@ def balance_bound(spec: ExperimentSpec, fed: Federation | None = None) -> float:
 
 def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
               device: str = "cpu", torch_seed: bool = False,
-              channels_last: bool = False) -> dict[str, Any]:
+              raylf_layout: bool = False) -> dict[str, Any]:
     """The identical experiment as a plain single-process PyTorch loop (no raylf runtime).
 
     Same partition, input normalization, participants, initial weights, per-client shuffle seeds,
     SGD, n_k-weighted average (a running float64 Σ n_k·w_k, divided once) and evaluation
     schedule as raylf's fedavg; returns per-round wall times and the final per-client accuracies.
-    ``channels_last`` runs the convolutions on channels-last activations as raylf's CPU trainer
-    does for models that ask for it (``training.run_channels_last``): the same arithmetic.
+    ``raylf_layout`` rewrites the model as raylf's CPU trainer does: max-pools before the ReLUs
+    they follow (``training.pool_before_rectifying``) and the convolutions on channels-last
+    activations for models that ask for it (``training.run_channels_last``): the same arithmetic.
     """
     fed = fed or build_federation(spec)
     source = sources.load_source(spec.dataset.name, spec.dataset.params)
@@ -226,8 +227,10 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
     n_train = torch.tensor([len(i) for i in fed.train], dtype=torch.float32)
 
     model = Blueprint(spec, fed).build_model().to(dev)  # raylf's seeded init, same weights
-    if channels_last:
-        run_channels_last(model)
+    if raylf_layout:
+        pool_before_rectifying(model)
+        if dev.type == "cpu" and model.channels_last_on_cpu:
+            run_channels_last(model)
     params = list(model.parameters())
     global_vec = torch.nn.utils.parameters_to_vector(params).detach().clone()
     fcfg = spec.federation

@@ -96,6 +96,7 @@ class LocalTrainer:
     def __init__(self, model: nn.Module, layout: ParamLayout, optimizer, batch_size: int,
                  local_epochs: int, device: torch.device):
         self.model = model.to(device)
+        pool_before_rectifying(self.model)
         if device.type == "cpu" and getattr(model, "channels_last_on_cpu", False):
             run_channels_last(self.model)
         self.layout = layout
@@ -300,6 +301,25 @@ class LocalTrainer:
         if len(x) == 0:
             return torch.zeros(0, device=self.device)
         return torch.cat([self.model(x[i: i + chunk]) for i in range(0, len(x), chunk)])
+
+
+def pool_before_rectifying(model: nn.Module) -> None:
+    """Swap each ReLU that a max-pool follows in an ``nn.Sequential`` (conv → ReLU → pool
+    becomes conv → pool → ReLU). The ReLU is monotone, so the pool's maximum is taken at the
+    same element and the outputs and gradients are bitwise the same, but the ReLU and its
+    backward run on the pooled map, a quarter of the size. Measured on the heavy CNN (3×32×32,
+    batch 32, one thread, freed memory kept): 5.95 → 5.25 ms per step. The dead-ReLU probe
+    then sees pooled channels, which are alive exactly where the unpooled ones were except
+    for values the pooling drops (an odd map's last row), which reach nothing anyway."""
+    for sequence in model.modules():
+        if not isinstance(sequence, nn.Sequential):
+            continue
+        layers = sequence._modules
+        names = list(layers)
+        for first, second in zip(names, names[1:]):
+            if (type(layers[first]) is nn.ReLU and isinstance(layers[second], nn.MaxPool2d)
+                    and not layers[second].return_indices):
+                layers[first], layers[second] = layers[second], layers[first]
 
 
 def run_channels_last(model: nn.Module) -> None:

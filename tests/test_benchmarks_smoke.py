@@ -42,7 +42,7 @@ def test_quick_run_writes_expected_table(tmp_path):
     expected = {
         ("overhead", "tiny", "floor"), ("overhead", "tiny", "local"),
         ("overhead", "tiny", "ray-1w"), ("overhead", "tiny", "ray-2w"),
-        ("overhead", "heavy", "floor"), ("overhead", "heavy", "floor-channels-last"),
+        ("overhead", "heavy", "floor"), ("overhead", "heavy", "floor-raylf-layout"),
         ("overhead", "heavy", "local"),
         ("overhead", "heavy", "ray-2w"),
         ("phases", "tiny", "local"),
@@ -54,7 +54,7 @@ def test_quick_run_writes_expected_table(tmp_path):
     for r in rows:
         assert r["round_s"] > 0 and math.isfinite(r["round_s"]), r
     for r in rows:
-        if r["section"] == "overhead" and r["variant"] != "floor-channels-last":
+        if r["section"] == "overhead" and r["variant"] != "floor-raylf-layout":
             # identical work: every backend reproduces the per-client accuracies of the floor
             # that does the same arithmetic (for the heavy CNN, the channels-last floor)
             assert r["max_acc_diff_vs_floor"] == 0.0, r

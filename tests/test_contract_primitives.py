@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raylf import results
+from raylf import learning_check, results
 from raylf.config import OptimizerSpec, SpecError, validate
 from raylf.data import build_federation
 from raylf.experiment import run_experiment
@@ -25,7 +25,13 @@ from raylf.methods.fedavg_se import FedAvgSE
 from raylf.models import MODELS, build_model
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
-from raylf.training import LocalTrainer, ParamLayout, model_vector, tensor_bytes
+from raylf.training import (
+    LocalTrainer,
+    ParamLayout,
+    model_vector,
+    pool_before_rectifying,
+    tensor_bytes,
+)
 from tests.conftest import small_spec_dict
 
 
@@ -318,6 +324,33 @@ def test_a_cpu_trainer_runs_convolutions_channels_last_with_the_same_results():
     assert results[True][0] == pytest.approx(results[False][0], abs=1e-5)
     assert torch.allclose(results[True][1], results[False][1], atol=1e-5)
     assert torch.allclose(results[True][2], results[False][2], atol=1e-4)
+
+
+@pytest.mark.parametrize("size", [32, 28])  # 28: the last block pools a 7×7 map
+def test_pooling_before_the_relu_changes_no_output_gradient_or_dead_unit(size):
+    torch.manual_seed(0)
+    built = build_model("cnn", MODELS.get("cnn").Params(channels=[4, 8, 8], features=16),
+                        (3, size, size), 5)
+    rewritten = copy.deepcopy(built)
+    pool_before_rectifying(rewritten)
+    kinds = [type(m).__name__ for m in rewritten.encoder[0]]
+    assert kinds[:3] == ["Conv2d", "MaxPool2d", "ReLU"] and kinds.count("ReLU") == 3
+    x, y = torch.randn(16, 3, size, size), torch.arange(16) % 5
+    for model in (built, rewritten):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(5):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    for a, b in zip(built.parameters(), rewritten.parameters()):
+        assert torch.equal(a, b) and torch.equal(a.grad, b.grad)
+    assert torch.equal(built(x), rewritten(x))
+    if size == 32:  # every map even: the pooled channels are alive exactly where the others are
+        assert (learning_check.dead_relu_fraction(built.encoder, x)
+                == learning_check.dead_relu_fraction(rewritten.encoder, x))
+    trainer = LocalTrainer(built, ParamLayout.of(built), OptimizerSpec(), 8, 1,
+                           torch.device("cpu"))
+    assert [type(m) for m in trainer.model.encoder[0]] == [type(m) for m in rewritten.encoder[0]]
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
