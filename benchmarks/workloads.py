@@ -30,7 +30,7 @@ from raylf.runtime.coordinator import balance
 from raylf.runtime.ray_backend import RayShard
 from raylf.runtime.shard import ClientShard
 from raylf.seeding import derive, stream
-from raylf.training import pool_before_rectifying, run_channels_last, seed_global
+from raylf.training import rewrite_for_training, seed_global
 
 
 def _psutil():
@@ -211,9 +211,9 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
     Same partition, input normalization, participants, initial weights, per-client shuffle seeds,
     SGD, n_k-weighted average (a running float64 Σ n_k·w_k, divided once) and evaluation
     schedule as raylf's fedavg; returns per-round wall times and the final per-client accuracies.
-    ``raylf_layout`` rewrites the model as raylf's CPU trainer does: max-pools before the ReLUs
-    they follow (``training.pool_before_rectifying``) and the convolutions on channels-last
-    activations for models that ask for it (``training.run_channels_last``): the same arithmetic.
+    ``raylf_layout`` rewrites the model as raylf's trainer does (``training.rewrite_for_training``:
+    max-pools before the ReLUs they follow; on a CPU, channels-last convolutions for models that
+    ask for it): the same arithmetic.
     """
     fed = fed or build_federation(spec)
     source = sources.load_source(spec.dataset.name, spec.dataset.params)
@@ -228,9 +228,7 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
 
     model = Blueprint(spec, fed).build_model().to(dev)  # raylf's seeded init, same weights
     if raylf_layout:
-        pool_before_rectifying(model)
-        if dev.type == "cpu" and model.channels_last_on_cpu:
-            run_channels_last(model)
+        rewrite_for_training(model, dev)
     params = list(model.parameters())
     global_vec = torch.nn.utils.parameters_to_vector(params).detach().clone()
     fcfg = spec.federation

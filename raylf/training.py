@@ -96,9 +96,7 @@ class LocalTrainer:
     def __init__(self, model: nn.Module, layout: ParamLayout, optimizer, batch_size: int,
                  local_epochs: int, device: torch.device):
         self.model = model.to(device)
-        pool_before_rectifying(self.model)
-        if device.type == "cpu" and getattr(model, "channels_last_on_cpu", False):
-            run_channels_last(self.model)
+        rewrite_for_training(self.model, device)
         self.layout = layout
         self.device = device
         self.batch_size = batch_size
@@ -301,6 +299,14 @@ class LocalTrainer:
         if len(x) == 0:
             return torch.zeros(0, device=self.device)
         return torch.cat([self.model(x[i: i + chunk]) for i in range(0, len(x), chunk)])
+
+
+def rewrite_for_training(model: nn.Module, device: torch.device) -> None:
+    """The same arithmetic, faster: max-pools before the ReLUs they follow everywhere, and on a
+    CPU channels-last convolutions for the models that ask for it."""
+    pool_before_rectifying(model)
+    if device.type == "cpu" and getattr(model, "channels_last_on_cpu", False):
+        run_channels_last(model)
 
 
 def pool_before_rectifying(model: nn.Module) -> None:
