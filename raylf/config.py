@@ -141,6 +141,11 @@ class ExperimentSpec(Strict):
         count = self.eval_clients if isinstance(self.eval_clients, int) else \
             math.ceil(self.eval_clients * self.federation.num_clients)
         return None if count >= self.federation.num_clients else count
+
+    def evaluates(self, rnd: int) -> bool:
+        """Whether round ``rnd`` is an evaluation round (every ``eval_every``-th, and the last)."""
+        return rnd % self.eval_every == 0 or rnd == self.federation.rounds
+
     resources: ResourceSpec = Field(default_factory=ResourceSpec)
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 A run can train without error and learn nothing: FMT-SVM with summed hinges on a 10-class task
 kept a flat loss and every task at chance for all its rounds. Two method-independent signals
-make that visible: per round, the fraction of the trained encoders' ReLU units that output 0 on
-a probe batch (``dead_relu_fraction`` in the rounds table), and per evaluation round the
-majority-class rate each client's test split gives a constant predictor (``majority_rate`` per
+make that visible: per evaluation round, the fraction of the trained encoders' ReLU units that
+output 0 on a probe batch (``dead_relu_fraction`` in the rounds table), and the majority-class
+rate each client's test split gives a constant predictor (``majority_rate`` per
 clients row, its mean over clients per task in the rounds table). When every task's mean client
 accuracy stays at or below that rate for ``STUCK_ROUNDS`` evaluation rounds in a row, the trials
 row gets a ``warning``.

@@ -122,10 +122,13 @@ def test_random_labels_give_a_warning_and_the_rounds_carry_the_diagnostics(tmp_p
     assert all(0 < r["majority_rate"] <= 1 for r in result.tables["clients"])
 
 
-def test_cohort_and_sequential_training_probe_the_same_units(small_spec):
+def test_cohort_and_sequential_training_probe_the_same_units_on_evaluation_rounds(small_spec):
+    """Rounds 2 and 3 of 3 evaluate (eval_every 2, and the last); round 1 is not probed."""
     dead = {}
     for cohort in ("auto", "off"):
         spec = small_spec(resources__cohort=cohort, resources__workers=1,
-                          federation__rounds=2)
-        dead[cohort] = [r["dead_relu_fraction"] for r in run_experiment(spec).tables["rounds"]]
-    assert dead["auto"] == pytest.approx(dead["off"], abs=1e-6)
+                          federation__rounds=3, eval_every=2)
+        dead[cohort] = [r.get("dead_relu_fraction") for r in
+                        run_experiment(spec).tables["rounds"]]
+        assert dead[cohort][0] is None and None not in dead[cohort][1:], dead[cohort]
+    assert dead["auto"][1:] == pytest.approx(dead["off"][1:], abs=1e-6)

@@ -92,3 +92,11 @@ def test_too_many_cpus_fails_clearly(monkeypatch, small_spec):
     res = small_spec(resources={"workers": 4, "cpus_per_worker": 1}).resources
     with pytest.raises(SpecError, match="resources.cpus_per_worker"):
         check_fits(res, 4)
+
+
+def test_a_run_past_its_round_timeout_fails_naming_the_setting(ray_cluster, small_spec):
+    """Ray's GetTimeoutError names no setting; the recorded error names the one to raise."""
+    spec = small_spec(resources={"workers": 1, "cpus_per_worker": 0.5, "round_timeout_s": 0.01})
+    result = run_experiment(spec, backend="ray")
+    assert result.status == "failed"
+    assert "took longer than resources.round_timeout_s=0.01 s" in result.error, result.error

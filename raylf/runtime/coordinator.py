@@ -127,7 +127,7 @@ class Coordinator:
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)
         clients: list[dict[str, Any]] = []
-        if rnd % self.spec.eval_every == 0 or rnd == self.spec.federation.rounds:
+        if self.spec.evaluates(rnd):
             clients = self.evaluate(rnd)
             record.update(summarize(clients, self.method.deployables[0]))
             record.update(learning_check.majority_columns(clients, self.method.deployables[0]))

@@ -92,6 +92,16 @@ def convert_uploads(result: dict, convert) -> dict:
     return result | {part: convert(result[part]) for part in _TENSOR_PARTS}
 
 
+def wait(ref, timeout_s: float, what: str):
+    """``ray.get`` bounded by ``resources.round_timeout_s``, an excess reported as that
+    setting's (Ray's own message names no setting)."""
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        raise TimeoutError(f"{what} took longer than resources.round_timeout_s={timeout_s:g} s; "
+                           "raise it if rounds are this slow") from None
+
+
 class Reopenable:
     """An actor that can become a fresh instance in its own, already started process."""
 
@@ -140,8 +150,8 @@ class RayPool:
         self.actors = actors
         self.timeout_s = timeout_s
 
-    def _get(self, refs):
-        return ray.get(refs, timeout=self.timeout_s)
+    def _get(self, call: str, refs):
+        return wait(refs, self.timeout_s, f"the workers' {call}")
 
     @staticmethod
     def _broadcast(payload, tasks: int):
@@ -151,33 +161,34 @@ class RayPool:
             return ray.put(arrays)
         return arrays
 
+    def _round_call(self, call: str, rnd, payload, work, extras) -> list:
+        ref = self._broadcast(payload, len(work))
+        return self._get(call, [getattr(self.actors[s], call).remote(rnd, ref, ids,
+                                                                    extras.get(s, {}))
+                                for s, ids in sorted(work.items())])
+
     def setup(self, work):
-        results = self._get([self.actors[s].setup.remote(ids) for s, ids in sorted(work.items())])
+        results = self._get("setup", [self.actors[s].setup.remote(ids)
+                                      for s, ids in sorted(work.items())])
         return [convert_uploads(r, as_tensors) for r in results]
 
     def train(self, rnd, payload, work, extras):
-        ref = self._broadcast(payload, len(work))
-        results = self._get([self.actors[s].train.remote(rnd, ref, ids, extras.get(s, {}))
-                             for s, ids in sorted(work.items())])
-        return [convert_uploads(r, as_tensors) for r in results]
+        return [convert_uploads(r, as_tensors)
+                for r in self._round_call("train", rnd, payload, work, extras)]
 
     def collect(self, rnd, payload, work, extras):
-        ref = self._broadcast(payload, len(work))
-        results = self._get([self.actors[s].collect.remote(rnd, ref, ids, extras.get(s, {}))
-                             for s, ids in sorted(work.items())])
-        return [convert_uploads(r, as_tensors) for r in results]
+        return [convert_uploads(r, as_tensors)
+                for r in self._round_call("collect", rnd, payload, work, extras)]
 
     def evaluate(self, rnd, payload, work, extras):
-        ref = self._broadcast(payload, len(work))
-        parts = self._get([self.actors[s].evaluate.remote(rnd, ref, ids, extras.get(s, {}))
-                           for s, ids in sorted(work.items())])
+        parts = self._round_call("evaluate", rnd, payload, work, extras)
         return [row for part in parts for row in part]
 
     def save_personal(self, folder):
-        self._get([a.save_personal.remote(folder) for a in self.actors])
+        self._get("save_personal", [a.save_personal.remote(folder) for a in self.actors])
 
     def load_personal(self, folder):
-        self._get([a.load_personal.remote(folder) for a in self.actors])
+        self._get("load_personal", [a.load_personal.remote(folder) for a in self.actors])
 
 
 @dataclass
@@ -314,16 +325,18 @@ class RayRuntime:
         ref = self._queued.pop(rnd, None) or self.coordinator.run_round.remote(rnd)
         if then is not None:
             self._queued[then] = self.coordinator.run_round.remote(then)
-        return ray.get(ref, timeout=self.timeout_s)
+        return wait(ref, self.timeout_s, f"round {rnd}")
 
     def setup(self) -> RoundOutcome | None:
-        return ray.get(self.coordinator.setup.remote(), timeout=self.timeout_s)
+        return wait(self.coordinator.setup.remote(), self.timeout_s,
+                    "starting the workers and the setup round")
 
     def checkpoint(self, folder: str):
-        return ray.get(self.coordinator.checkpoint.remote(folder), timeout=self.timeout_s)
+        return wait(self.coordinator.checkpoint.remote(folder), self.timeout_s, "a checkpoint")
 
     def restore(self, snapshot) -> None:
-        ray.get(self.coordinator.restore.remote(snapshot), timeout=self.timeout_s)
+        wait(self.coordinator.restore.remote(snapshot), self.timeout_s,
+             "starting the workers and restoring the checkpoint")
 
     def close(self, finished: bool = False) -> None:
         """Park the actors for the next run if this one ``finished`` (no failure, nothing
