@@ -125,6 +125,7 @@ class ExperimentSpec(Strict):
         "all", description="clients evaluated on evaluation rounds: all, a number, or a "
                            "fraction in (0, 1] (a seeded sample each round; the last round "
                            "always evaluates every client)")
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
 
     @field_validator("eval_clients")
     @classmethod
@@ -145,8 +146,6 @@ class ExperimentSpec(Strict):
     def evaluates(self, rnd: int) -> bool:
         """Whether round ``rnd`` is an evaluation round (every ``eval_every``-th, and the last)."""
         return rnd % self.eval_every == 0 or rnd == self.federation.rounds
-
-    resources: ResourceSpec = Field(default_factory=ResourceSpec)
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

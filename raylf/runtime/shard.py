@@ -100,7 +100,7 @@ class ClientShard:
         self.index = index  # this worker's number: names its checkpoint file
         self.device = pick_device()
         self.seed = blueprint.spec.seed
-        self.evaluates = blueprint.spec.evaluates
+        self.is_evaluation_round = blueprint.spec.evaluates
         self.divergence_loss = blueprint.spec.federation.divergence_loss
         self.method = blueprint.method()
         self.trainer = blueprint.trainer(self.device)
@@ -182,7 +182,7 @@ class ClientShard:
         rounds it cost the heavy CNN a forward pass per client (2.7 ms of its ~80 ms)."""
         payload = self._to_device(payload)
         seeds = {int(c): derive(self.seed, "client", rnd, int(c)) for c in client_ids}
-        probe = self.evaluates(rnd)
+        probe = self.is_evaluation_round(rnd)
         done = self._train_cohorts(payload, client_ids, extras, seeds, probe)
 
         def step(cid: int):
@@ -209,10 +209,9 @@ class ClientShard:
     def _train_cohorts(self, payload, client_ids: np.ndarray, extras: dict[int, Any],
                        seeds: dict[int, int], probe: bool) -> dict[int, tuple] | None:
         """Every client's (update, fits, dead-ReLU fraction if ``probe``, else None) from cohort
-        training, or None when this
-        round trains one client after another (cohorts off, one client, a plan-less method, an
-        unsupported model, or plans of different shapes); the first refusal is logged with its
-        reason."""
+        training, or None when this round trains one client after another (cohorts off, one
+        client, a plan-less method, an unsupported model, or plans of different shapes); the
+        first refusal is logged with its reason."""
         if self.cohort is None or len(client_ids) < 2 or not self.method.plans_updates:
             return None
         plans = {int(c): self.method.plan(payload, self._to_device(self.personal.get(int(c))),
