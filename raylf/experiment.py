@@ -153,12 +153,22 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     return result
 
 
+# Tune keeps this many checkpoints of a trial, and forces an experiment-state snapshot once a
+# trial has saved as many since the last one, so a resume restores one of them; with
+# checkpoint_min_s between checkpoints that stays rarer than Tune's own periodic snapshot.
+CHECKPOINTS_KEPT = 3
+
+
 class CheckpointFolders:
     """Where workers write personal state for the checkpoint after round r:
-    ``<out>/checkpoints/<trial_id>/round-<r>`` (a temporary folder without ``out``). The folders
-    of the last two reported checkpoints are kept (Tune keeps two), older ones removed."""
+    ``<out>/checkpoints/<trial_id>/round-<r>`` (a temporary folder without ``out``).
 
-    KEEP = 2
+    A resumed sweep restores the checkpoint its last experiment snapshot names, which may be the
+    oldest one Tune still keeps, so its folder must outlive it: the trial removes a folder as
+    soon as it reports, before Tune's driver has taken that report and deleted its own oldest
+    checkpoint, hence one folder more than Tune keeps."""
+
+    KEEP = CHECKPOINTS_KEPT + 1
 
     def __init__(self, out: str | None, trial_id: str):
         self._temp = None if out is not None else tempfile.mkdtemp(prefix="raylf-ckpt-")

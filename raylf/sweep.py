@@ -34,6 +34,7 @@ from ray import tune
 
 from raylf import results
 from raylf.config import ExperimentSpec, SpecError
+from raylf.experiment import CHECKPOINTS_KEPT
 from raylf.leaderboard import leaderboard, render
 from raylf.raycluster import Capacity
 from raylf.runtime.ray_backend import bundles
@@ -51,10 +52,6 @@ from raylf.sweepspec import SweepSpec, Trial, check_runnable, load_sweep, search
 TRIAL_CPUS = 0.25  # bundle 0: the trial function, which only drives rounds and writes tables
 EXIT_FAILED, EXIT_SPEC, EXIT_INTERRUPTED = 1, 2, 130
 RECORDED_ENDS = ("ok", "diverged", "timeout", "stopped")  # never run again once ended so
-# Tune forces an experiment-state snapshot each time a trial has saved this many checkpoints
-# since the last one; with checkpoint_min_s between checkpoints that stays rarer than Tune's
-# own periodic snapshot.
-CHECKPOINTS_KEPT = 3
 
 
 class StorageUnwritable(RuntimeError):
@@ -641,10 +638,13 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
     _consoles[:] = [] if verbose else [console]
     if not verbose:  # Tune's newer output engine prints its start block even at verbose=0
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    space, search = stage.tune_setup(max_concurrent)
     if tune.Tuner.can_restore(stage.path):
-        tuner = tune.Tuner.restore(stage.path, trainable=trainable, resume_errored=True)
+        # The space again: Tune does not keep it, and starts afresh from it when the driver died
+        # after saving the tuner but before the first experiment state.
+        tuner = tune.Tuner.restore(stage.path, trainable=trainable, param_space=space,
+                                   resume_errored=True)
     else:
-        space, search = stage.tune_setup(max_concurrent)
         tuner = tune.Tuner(
             trainable, param_space=space,
             tune_config=tune.TuneConfig(

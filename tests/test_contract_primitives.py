@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from raylf import learning_check, results
 from raylf.config import OptimizerSpec, SpecError, validate
 from raylf.data import build_federation
-from raylf.experiment import run_experiment
+from raylf.experiment import CheckpointFolders, run_experiment
 from raylf.methods import METHODS
 from raylf.methods.base import ClientUpdate, share
 from raylf.methods.fedavg_se import FedAvgSE
@@ -225,15 +225,17 @@ def test_trainer_primitives(small_spec):
     assert trainer.fits == [fit, many]
 
 
-def test_workers_write_personal_checkpoints_and_only_the_last_two_are_kept(small_spec, tmp_path):
-    spec = small_spec(federation__rounds=6)
+def test_workers_write_personal_checkpoints_and_only_the_last_few_are_kept(small_spec, tmp_path):
+    spec = small_spec(federation__rounds=12)
     taken = []
     result = run_experiment(spec, out=str(tmp_path), checkpoint_every=2,
                             on_round=lambda o, r, p, snapshot: taken.append(snapshot))
     snapshots = [s for s in taken if s is not None]
-    assert [s["personal"].rsplit("-", 1)[1] for s in snapshots] == ["2", "4", "6"]
+    assert [int(s["personal"].rsplit("-", 1)[1]) for s in snapshots] == [2, 4, 6, 8, 10, 12]
     folder = tmp_path / "checkpoints" / result.trial_id
-    assert sorted(p.name for p in folder.iterdir()) == ["round-4", "round-6"]
+    kept = [12 - 2 * i for i in range(CheckpointFolders.KEEP)]
+    assert 0 < CheckpointFolders.KEEP < 6
+    assert sorted(int(p.name.split("-")[1]) for p in folder.iterdir()) == sorted(kept)
     assert sorted(p.name for p in (folder / "round-6").iterdir()) == ["worker-0.pt", "worker-1.pt"]
     fresh = LocalRuntime(Blueprint(spec, build_federation(spec)))
     fresh.restore(snapshots[-1])

@@ -3,9 +3,13 @@ ends up exactly once in the tables and a finished trial is never run again."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from raylf import results
+from raylf.experiment import CHECKPOINTS_KEPT
 from tests.faults.helpers import (
     attempts,
     complete_trials,
@@ -32,10 +36,14 @@ def test_driver_killed_at_start_mid_trial_between_trials_and_writing_tables(tmp_
     storage = tmp_path / "out"
     root = storage / "t"
 
-    # 1. during start: the sweep has claimed its directory, no trial has run
+    # 1. during start: the sweep has claimed its directory and Tune has saved its tuner, but no
+    # experiment state yet (removed where Tune got that far before the kill)
     driver = start_sweep(spec, storage, **PLUGINS)
-    wait_for((root / "sweep.json").exists, 180, "the sweep to claim its directory", driver)
+    wait_for(lambda: (root / "sweep.json").exists() and any(root.rglob("tuner.pkl")), 180,
+             "the sweep to claim its directory and save its tuner", driver)
     kill_group(driver)
+    for state in root.rglob("experiment_state-*.json"):
+        state.unlink()
     assert not complete_trials(root)
 
     # 2. mid-trial: the first trial is held inside round 2, after checkpointing round 1
@@ -79,3 +87,8 @@ def test_driver_killed_at_start_mid_trial_between_trials_and_writing_tables(tmp_
     assert len(clients) == 2 * ROUNDS * 6
     assert not clients.duplicated(["trial_id", "round", "client_id", "task"]).any()
     assert "resuming: 1 of 2 trials already finished" in proc.stdout
+    # a later resume may restore any checkpoint Tune still keeps: each has its personal state
+    kept = [torch.load(state, weights_only=True) for state in root.rglob("checkpoint_*/state.pt")]
+    assert len(kept) >= 2 * CHECKPOINTS_KEPT
+    for snapshot in kept:
+        assert list(Path(snapshot["personal"]).glob("worker-*.pt")), snapshot["personal"]
