@@ -43,8 +43,8 @@ def test_quick_run_writes_expected_table(tmp_path):
         ("overhead", "tiny", "floor"), ("overhead", "tiny", "local"),
         ("overhead", "tiny", "ray-1w"), ("overhead", "tiny", "ray-2w"),
         ("overhead", "heavy", "floor"), ("overhead", "heavy", "floor-raylf-layout"),
-        ("overhead", "heavy", "local"),
-        ("overhead", "heavy", "ray-2w"),
+        ("overhead", "heavy", "local"), ("overhead", "heavy", "floor-pair"),
+        ("overhead", "heavy", "ray-1w"), ("overhead", "heavy", "ray-2w"),
         ("phases", "tiny", "local"),
         ("scaling", "synthetic-100", "ray-1w"), ("scaling", "synthetic-1000", "ray-1w"),
     }
@@ -59,6 +59,10 @@ def test_quick_run_writes_expected_table(tmp_path):
             # that does the same arithmetic (for the heavy CNN, the channels-last floor)
             assert r["max_acc_diff_vs_floor"] == 0.0, r
             assert r["ratio_to_floor"] > 0
+    pair, two = (next(r for r in rows if r["workload"] == "heavy" and r["variant"] == v)
+                 for v in ("floor-pair", "ray-2w"))
+    assert pair["ratio_to_floor"] > 0  # both copies of the floor ran (their accuracies: above)
+    assert two["parallel_bound"] > 0 and math.isfinite(two["parallel_bound"])
     for r in rows:
         if r["section"] == "scaling":
             assert 0 < r["peak_pss_gib"] <= r["peak_rss_all_gib"]

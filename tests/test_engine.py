@@ -203,6 +203,18 @@ def test_balance_gives_every_participant_once_and_evens_the_load():
            {k: list(v) for k, v in work.items()}
 
 
+def test_balance_improves_on_largest_first_where_that_leaves_the_load_uneven():
+    ids = np.arange(5)
+    sizes = np.array([3, 3, 2, 2, 2])  # largest first: {3, 2, 2} = 7 against {3, 2} = 5
+    loads = sorted(int(sizes[part].sum()) for part in balance(ids, sizes, 2).values())
+    assert loads == [6, 6]
+    sizes = np.array([8, 7, 6, 5, 4])  # largest first: {8, 5, 4} = 17 against {7, 6} = 13
+    loads = sorted(int(sizes[part].sum()) for part in balance(ids, sizes, 2).values())
+    assert loads == [15, 15]
+    loads = sorted(int(sizes[part].sum()) for part in balance(ids, sizes, 3).values())
+    assert loads[-1] == 11  # {8}, {7, 4}, {6, 5}
+
+
 def test_replicated_data_balances_work_and_matches_sharded_aggregates():
     def runtime(client_data):
         spec = validate(small_spec_dict(method__name="fedavg", federation__participation=1.0,
