@@ -178,21 +178,21 @@ def measure_floor(base: dict, torch_seed: bool = False, raylf_layout: bool = Fal
             "wall_s": wall, "acc": run["final_acc_per_client"], "acc_mean": float(np.mean(accs))}
 
 
-def _floor_beside_another(base: dict, barrier, results) -> None:
+def _floor_beside_another(base: dict, raylf_layout: bool, barrier, results) -> None:
     torch.set_num_threads(1)
     barrier.wait()  # both copies start together, so their timed rounds overlap
-    results.put(measure_floor(base))
+    results.put(measure_floor(base, raylf_layout=raylf_layout))
 
 
-def measure_floor_pair(base: dict) -> list[dict[str, Any]]:
+def measure_floor_pair(base: dict, raylf_layout: bool) -> list[dict[str, Any]]:
     """The floor in two processes at once (spawned, one torch thread each): what a second busy
     process costs each one on this machine. Two workers cannot beat this, whatever raylf does.
-    It depends on the host: this VM's two vCPUs gave 1.07× in one run and, half an hour
-    earlier, 1.48× (heavy step loops, 9.3 → 13.8 ms per step each)."""
+    It depends on the host: two 1-thread heavy step loops on this VM's two vCPUs ran 9.3 →
+    13.8 ms per step each at one time and 9.1 → 10.1 ms a little later."""
     context = multiprocessing.get_context("spawn")
     barrier, results = context.Barrier(2), context.Queue()
-    copies = [context.Process(target=_floor_beside_another, args=(base, barrier, results))
-              for _ in range(2)]
+    copies = [context.Process(target=_floor_beside_another,
+                              args=(base, raylf_layout, barrier, results)) for _ in range(2)]
     for copy in copies:
         copy.start()
     runs = [results.get(timeout=1800) for _ in copies]
@@ -295,10 +295,10 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
         pair = name == "heavy"  # where the workers' arithmetic, not Ray's calls, sets the pace
         for _ in range(n_rep):
             runs["floor"].append(measure_floor(base))
-            if pair:
-                runs["floor-pair"].append(summarize(measure_floor_pair(base)))
             if same_layout:
                 runs["floor-raylf-layout"].append(measure_floor(base, raylf_layout=True))
+            if pair:  # the arithmetic raylf's workers do: the floor on their layout
+                runs["floor-pair"].append(summarize(measure_floor_pair(base, same_layout)))
             if not quick:
                 runs["floor-torch-seed"].append(measure_floor(base, torch_seed=True))
             for variant, backend, workers, cohort in variants:
@@ -318,19 +318,20 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
                             max_acc_diff_vs_floor=max(max_diff(u["acc"], f["acc"]) for u, f in
                                                       zip(runs["floor-torch-seed"], runs["floor"])),
                             **usual))
+        reference = runs["floor-raylf-layout"] if same_layout else runs["floor"]
         slowdown = None
         if runs["floor-pair"]:
             slowdown = float(np.median([p["round_s"] / f["round_s"]
-                                        for p, f in zip(runs["floor-pair"], runs["floor"])]))
+                                        for p, f in zip(runs["floor-pair"], reference)]))
             log(f"[{name}] floor-pair {summarize(runs['floor-pair'])['round_s']:.4f} s/round "
-                f"({slowdown:.2f}x floor)")
+                f"({slowdown:.2f}x the same floor alone)")
             rows.append(row("overhead", name, "floor-pair", base, workers=2,
                             ratio_to_floor=slowdown,
-                            note="two floors at once: each one's round over the floor's alone",
+                            note="two floors on raylf's layout at once: each one's round over "
+                                 "that floor's alone",
                             max_acc_diff_vs_floor=max(max_diff(p["acc"], f["acc"]) for p, f in
-                                                      zip(runs["floor-pair"], runs["floor"])),
+                                                      zip(runs["floor-pair"], reference)),
                             **summarize(runs["floor-pair"])))
-        reference = runs["floor-raylf-layout"] if same_layout else runs["floor"]
         if same_layout:
             layout = summarize(runs["floor-raylf-layout"])
             ratio = float(np.median([c["round_s"] / f["round_s"] for c, f
