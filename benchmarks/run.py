@@ -323,7 +323,8 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
         if runs["floor-pair"]:
             slowdown = float(np.median([p["round_s"] / f["round_s"]
                                         for p, f in zip(runs["floor-pair"], reference)]))
-            log(f"[{name}] floor-pair {summarize(runs['floor-pair'])['round_s']:.4f} s/round "
+            paired = summarize(runs["floor-pair"])
+            log(f"[{name}] floor-pair {paired['round_s']:.4f} s/round "
                 f"({slowdown:.2f}x the same floor alone)")
             rows.append(row("overhead", name, "floor-pair", base, workers=2,
                             ratio_to_floor=slowdown,
@@ -331,7 +332,7 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
                                  "that floor's alone",
                             max_acc_diff_vs_floor=max(max_diff(p["acc"], f["acc"]) for p, f in
                                                       zip(runs["floor-pair"], reference)),
-                            **summarize(runs["floor-pair"])))
+                            **paired))
         if same_layout:
             layout = summarize(runs["floor-raylf-layout"])
             ratio = float(np.median([c["round_s"] / f["round_s"] for c, f
