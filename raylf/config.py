@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,28 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from raylf.errors import SpecError
 from raylf.registry import Registry, UnknownName
+
+
+class SpecLoader(yaml.SafeLoader):
+    """YAML as specs mean it: only ``true`` / ``false`` are booleans (YAML 1.2).
+
+    PyYAML follows YAML 1.1, where ``off``, ``on``, ``yes``, ``no``, ``y`` and ``n`` are booleans
+    too, so ``resources.cohort: off`` reached the validator as ``False``. Read as strings, those
+    words still fill boolean fields (pydantic accepts them) and fill enumerated fields as written.
+    """
+
+
+SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    list("tTfF"))
+
+
+def read_yaml(text: str) -> Any:
+    """A spec file's or a ``--set`` value's YAML, booleans as in YAML 1.2 (:class:`SpecLoader`)."""
+    return yaml.load(text, Loader=SpecLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 class Strict(BaseModel):
@@ -101,9 +124,11 @@ class ResourceSpec(Strict):
         "auto", description="clients a worker trains in lockstep (raylf.cohort): a number, off "
                             "(one after another), or auto (sized from the device's free memory)")
 
-    @field_validator("cohort")
+    @field_validator("cohort", mode="before")
     @classmethod
     def _cohort_size(cls, v):
+        if isinstance(v, bool):  # a bool is an int to pydantic: true would train cohorts of 1
+            raise ValueError("give a number of clients, off or auto (got a boolean)")
         if isinstance(v, int) and v < 1:
             raise ValueError("a cohort holds at least 1 client (or use off / auto)")
         return v
@@ -270,7 +295,7 @@ def set_dotted(tree: dict[str, Any], assignment: str) -> None:
         if not isinstance(child, dict):
             raise SpecError([(key, f"{part!r} is not a mapping, cannot set a field inside it")])
         node = child
-    node[leaf] = yaml.safe_load(text) if text.strip() else None
+    node[leaf] = read_yaml(text) if text.strip() else None
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:
@@ -278,7 +303,7 @@ def load_raw(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise SpecError([("", f"spec file not found: {path}")])
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = read_yaml(path.read_text())
     except yaml.YAMLError as err:
         raise SpecError([("", f"not valid YAML: {err}")], str(path)) from None
     return raw if raw is not None else {}

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,11 @@ from ray import tune
 
 from raylf import results
 from raylf.config import ExperimentSpec, SpecError
+from raylf.estimate import ESTIMATE_ROUNDS
 from raylf.experiment import CHECKPOINTS_KEPT
 from raylf.leaderboard import leaderboard, render
 from raylf.raycluster import Capacity
+from raylf.recipes import cluster_recipe
 from raylf.runtime.ray_backend import bundles
 from raylf.search import objective_value, stop_mark
 from raylf.search_stages import (
@@ -47,7 +50,15 @@ from raylf.search_stages import (
     sweep_identity,
     tracker_callbacks,
 )
-from raylf.sweepspec import SweepSpec, Trial, check_runnable, load_sweep, search_plans
+from raylf.smoke import SMOKE_ROUNDS
+from raylf.sweepspec import (
+    DataCheck,
+    SweepSpec,
+    Trial,
+    check_runnable,
+    load_sweep,
+    search_plans,
+)
 
 TRIAL_CPUS = 0.25  # bundle 0: the trial function, which only drives rounds and writes tables
 EXIT_FAILED, EXIT_SPEC, EXIT_INTERRUPTED = 1, 2, 130
@@ -435,7 +446,8 @@ def active_console() -> tune.Callback:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m raylf.sweep", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("spec", help="sweep spec (YAML)")
+    parser.add_argument("spec", nargs="+", help="sweep spec (YAML); several only with --smoke "
+                        "or --dry-run")
     parser.add_argument("--storage", default=None,
                         help=f"results root: a path or s3://… (default {default_storage()})")
     parser.add_argument("--name", help="sweep name (default: the spec's name)")
@@ -443,7 +455,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="require an existing sweep to resume (it resumes anyway if present)")
     parser.add_argument("--max-concurrent", type=int, help="trials in flight at once")
     parser.add_argument("--dry-run", action="store_true",
-                        help="print the trials and the resource plan; run nothing")
+                        help="print the trials, the resource plan and the data still to fetch; "
+                             "run nothing (works before the data are downloaded)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="run every distinct configuration once (one seed, --smoke-rounds "
+                             "rounds, resources shrunk to this machine, stand-in data where a "
+                             "dataset is not fetched) into <name>-smoke; results are no results")
+    parser.add_argument("--smoke-rounds", type=int, default=SMOKE_ROUNDS, metavar="N",
+                        help=f"rounds of each smoke trial (default {SMOKE_ROUNDS})")
+    parser.add_argument("--estimate", action="store_true",
+                        help="time --estimate-rounds rounds of every distinct configuration "
+                             "here (or on the cluster joined) and print trial times, "
+                             "device-hours and wall time; runs into <name>-estimate")
+    parser.add_argument("--estimate-rounds", type=int, default=ESTIMATE_ROUNDS, metavar="N",
+                        help=f"rounds timed per configuration (default {ESTIMATE_ROUNDS})")
+    parser.add_argument("--cluster", metavar="RECIPE",
+                        help="also plan against a cluster recipe's largest size (cluster/*.yaml: "
+                             "a Ray cluster launcher file or a KubeRay RayCluster)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a sweep field or a base experiment "
                         "field, e.g. seeds=[0,1] or federation.rounds=5")
@@ -489,26 +517,135 @@ def check_storage(root: str) -> None:
             "or an s3:// bucket with write access)"))]) from None
 
 
+@dataclass
+class Loaded:
+    """What the driver runs: the sweep, its trials (and search plans and probes); for a smoke or
+    estimate run the derived sweep and ``mode``'s trials, the spec's own kept in ``original``."""
+
+    sweep: SweepSpec
+    trials: list[Trial]
+    plans: list
+    probes: list[Trial]
+    mode: Any = None  # SmokePlan | EstimatePlan
+    original: tuple | None = None  # (sweep, trials, plans, probes) the mode was derived from
+
+
+def load_specs(args: argparse.Namespace, overrides: list[str]) -> Loaded:
+    """One spec as it is; with ``--smoke`` / ``--estimate`` every distinct configuration of
+    every spec given, shrunk (raylf.smoke) or cut to a few timed rounds (raylf.estimate)."""
+    if args.smoke and args.estimate:
+        raise SpecError([("--estimate", "give --smoke or --estimate, not both")])
+    if len(args.spec) > 1 and not (args.smoke or args.dry_run):
+        raise SpecError([("spec", f"{len(args.spec)} spec files given; several are planned or "
+                                  "smoke-run together (--dry-run, --smoke), one is run")])
+    loaded = []
+    for path in args.spec:
+        sweep, trials = load_sweep(path, overrides)
+        plans, probes = search_plans(sweep, Path(path).parent, path) if sweep.searched \
+            else ([], [])
+        loaded.append((sweep, trials, plans, probes))
+    everything = [t for one in loaded for t in one[1] + one[3]]
+    if args.smoke:
+        from raylf import smoke
+
+        if args.smoke_rounds < 1:
+            raise SpecError([("--smoke-rounds", "give at least 1 round")])
+        # a searched method is smoke-run at its probes: every end of its space, every choice
+        mode = smoke.plan(everything, args.smoke_rounds)
+        name = args.name or (f"{loaded[0][0].name}-smoke" if len(loaded) == 1 else "smoke")
+    elif args.estimate:
+        from raylf import estimate
+
+        if args.estimate_rounds < 1:
+            raise SpecError([("--estimate-rounds", "give at least 1 round")])
+        mode = estimate.plan(everything, args.estimate_rounds)
+        name = args.name or f"{loaded[0][0].name}-estimate"
+    elif len(loaded) == 1:
+        return Loaded(*loaded[0])
+    else:
+        return Loaded(loaded[0][0], everything, [], [])
+    derived = SweepSpec(name=name, experiment={}, seeds=[0], max_failures=0,
+                        max_concurrent=1 if args.estimate else args.max_concurrent)
+    return Loaded(derived, mode.trials, [], [], mode, loaded[0])
+
+
+def _size(nbytes: float | None) -> str:
+    return "size unpublished" if nbytes is None else f"{nbytes / 2**20:,.1f} MiB"
+
+
+def to_fetch(name: str, root: str) -> str:
+    """One dataset still to download: its files, their sizes and the command."""
+    from raylf.data.manifest import load_manifest
+
+    files = load_manifest(name).files
+    sizes = [f.size for f in files]
+    total = None if None in sizes else sum(sizes)
+    return (f"to fetch: {name}, {_size(total)} ({', '.join(f.filename for f in files)}) into "
+            f"{root}: python -m raylf.datasets fetch {name} --root {root}")
+
+
+def missing_weights(specs: list[ExperimentSpec]) -> list[str]:
+    """Pretrained weights the specs name that are not in torch's hub cache yet."""
+    import torchvision.models as tvm
+
+    from raylf.smoke import PRETRAINED, hub_file
+
+    lines = []
+    for model in sorted({s.model.name for s in specs
+                         if getattr(s.model.params, "weights", None) == "imagenet"}):
+        if model in PRETRAINED and not hub_file(model).is_file():
+            weights = getattr(tvm, PRETRAINED[model]).IMAGENET1K_V1
+            lines.append(f"to fetch: {model} ImageNet weights, "
+                         f"{weights.meta['_file_size']:.1f} MB ({weights.url}) into "
+                         f"{hub_file(model).parent} (torchvision downloads it on first use)")
+    return lines
+
+
+def data_notices(check: DataCheck, loaded: Loaded) -> list[str]:
+    """What the console says before anything runs: datasets to fetch (a plan), loudly every
+    dataset a run reads as stand-in content, and what a smoke or estimate run is."""
+    lines = [to_fetch(name, root) for name, root in sorted(check.missing.items())]
+    lines += missing_weights([t.spec for t in loaded.trials + loaded.probes])
+    if check.standins():
+        from raylf.data.standin import notice
+
+        lines += [notice(name) for name in check.standins()]
+    kind = type(loaded.mode).__name__
+    if kind == "SmokePlan":
+        lines.append(f"smoke: {len(loaded.trials)} distinct configuration(s), one seed each, "
+                     "resources shrunk to one machine; these tables test that the specs run and "
+                     "say nothing about accuracy")
+    elif kind == "EstimatePlan":
+        lines.append(f"estimate: timing {len(loaded.trials)} distinct configuration(s), one "
+                     "at a time, for at most "
+                     f"{max(t.spec.federation.rounds for t in loaded.trials)} round(s) each")
+    if loaded.mode is not None:
+        lines += [f"{kind.removesuffix('Plan').lower()}: {line}" for line in loaded.mode.notes]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     overrides = list(args.overrides)
-    if args.name:
+    derived = args.smoke or args.estimate  # their sweep is derived from the spec's
+    if args.name and not derived:
         overrides.append(f"name={args.name}")
-    if args.max_concurrent is not None:
+    if args.max_concurrent is not None and not derived:
         overrides.append(f"max_concurrent={args.max_concurrent}")
     storage = args.storage or default_storage()
     try:
-        sweep, trials = load_sweep(args.spec, overrides)
-        plans, probes = search_plans(sweep, Path(args.spec).parent, args.spec) \
-            if sweep.searched else ([], [])
-        check_runnable([t.spec for t in trials + probes])
+        loaded = load_specs(args, overrides)
+        sweep, trials, plans, probes = loaded.sweep, loaded.trials, loaded.plans, loaded.probes
+        check = check_runnable([t.spec for t in trials + probes], missing_ok=args.dry_run)
         root = f"{storage.rstrip('/')}/{sweep.name}"
         trackers = tracker_callbacks(args.log, root, sweep.name)
         identity = sweep_identity(sweep, trials, plans)
-        check_same_sweep(root, identity)
+        if not args.dry_run:
+            check_same_sweep(root, identity)
         if args.resume and not _claimed(root):
             raise SpecError([("--resume", f"no sweep to resume at {root}; run without --resume "
                                           "to start it")])
+        recipe = cluster_recipe(args.cluster) if args.cluster else None
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC
@@ -521,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         return describe_search(sweep, plans, trials) + resource_lines(sweep, sizing, cluster,
                                                                       where)
 
+    notices = data_notices(check, loaded)
     if args.dry_run:
         address = args.address or os.environ.get("RAY_ADDRESS")
         if address:
@@ -533,7 +671,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             total = _local_totals(args, wanted_gpus)
             cluster, where = Capacity(total, total), "a local Ray would be started"
-        print("\n".join(describe(cluster, where)))
+        lines = describe(cluster, where)
+        if recipe is not None:
+            lines += resource_lines(sweep, sizing, recipe.capacity, recipe.where)[1:]
+        print("\n".join(lines + notices))
         print(f"tables would go to {root}/tables/")
         return 0
     from raylf.raycluster import capacity, connect
@@ -550,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_SPEC
     address = args.address or os.environ.get("RAY_ADDRESS")
     where = f"joined {address}" if address else "local Ray"
-    print("\n".join(describe(cluster, where, listing=False)))
+    print("\n".join(describe(cluster, where, listing=False) + notices))
     if args.dashboard and context is not None and context.dashboard_url:
         print(f"dashboard: http://{context.dashboard_url}")
     print(f"tables: {root}/tables/", flush=True)
@@ -559,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
                                       concurrent_fit(sizing, cluster.most))
     run = partial(run_stage, sweep=sweep, max_concurrent=fit, verbose=args.verbose,
                   trackers=trackers)
+    started = time.perf_counter()
     try:
         if plans:
             trials, choices, failed = search_then_replicate(sweep, plans, trials, storage, run)
@@ -573,6 +715,13 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as err:
         print(f"interrupted: {err}; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
+    if args.smoke:
+        print(smoke_summary(root, trials))
+        return EXIT_FAILED if failed else 0
+    if args.estimate:
+        print(estimate_summary(root, loaded, time.perf_counter() - started, cluster, where,
+                               recipe))
+        return EXIT_FAILED if failed else 0
     board = leaderboard(root, trials, choices)
     print(render(board))
     try:
@@ -597,6 +746,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: not written ({type(err).__name__}: {err}); "
               f"python -m raylf.report {root}", file=sys.stderr)
     return EXIT_FAILED if failed else 0
+
+
+def estimate_summary(root: str, loaded: Loaded, stage_wall_s: float, cluster: Capacity,
+                     where: str, recipe) -> str:
+    """The estimate of the spec's sweep from the timing trials just run (raylf.estimate)."""
+    from raylf import estimate
+
+    sweep, trials, plans, probes = loaded.original
+    sizing = trials + probes
+    costs = estimate.costs(root, loaded.mode, trials, plans, probes, stage_wall_s,
+                           replicates=sweep.top_k * len(sweep.seeds))
+    here = sweep.max_concurrent or (concurrent_fit(sizing, cluster.most) if cluster.most
+                                    else len(sizing))
+    slots = [("at the spec's concurrency" if sweep.max_concurrent else f"on {where}", here)]
+    if recipe is not None:
+        slots.append((f"on {recipe.where}", concurrent_fit(sizing, recipe.most)))
+    machine = f"{where} ({_resources(cluster.now)})"
+    return estimate.render(costs, machine, slots) + (
+        "\n(trial times are this machine's: on other hardware, run --estimate there, e.g. as a "
+        "Ray job on the cluster)" if recipe is not None else "")
+
+
+def smoke_summary(root: str, trials: list[Trial]) -> str:
+    """How many configurations ran their smoke rounds, and the ones that did not, each with
+    its reason (the tables hold the rest)."""
+    table = results.read_table(root, "trials")
+    rows = {r["trial_id"]: r for r in (table.to_pylist() if table is not None else [])}
+    bad = [(t, rows.get(t.trial_id)) for t in trials
+           if (rows.get(t.trial_id) or {}).get("status") != "ok"]
+    lines = [f"smoke: {len(trials) - len(bad)} of {len(trials)} configuration(s) ran every "
+             f"round ok (tables: {root}/tables/)"]
+    for trial, row in bad:
+        status = row["status"] if row else "no result"
+        reason = _last_line(row.get("error")) if row else "the trial wrote no row"
+        lines.append(f"  {status}: {trial.spec.name} {trial.label}: {reason}")
+    return "\n".join(lines)
 
 
 def _stopped(err: StorageUnwritable, root: str) -> int:

@@ -17,10 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from raylf.config import ExperimentSpec, SpecError, Strict, _errors, load_raw, set_dotted, validate
+from raylf.config import (
+    ExperimentSpec,
+    SpecError,
+    Strict,
+    _errors,
+    load_raw,
+    read_yaml,
+    set_dotted,
+    validate,
+)
 from raylf.experiment import default_trial_id
 
 SWEEP_FIELDS = ("name", "base", "experiment", "overrides", "grid", "methods", "seeds",
@@ -262,18 +270,30 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, 
     raw = load_raw(path)
     if not isinstance(raw, dict):
         raise SpecError([("", "a sweep spec must be a mapping of fields")], str(path))
+    raw = _as_sweep(raw, Path(path))
     for assignment in overrides:
         key = assignment.split("=", 1)[0].split(".", 1)[0]
         if key in SWEEP_FIELDS:
             set_dotted(raw, assignment)
         else:  # an experiment field: a fixed override of the base experiment
             dotted, _, text = assignment.partition("=")
-            raw.setdefault("overrides", {})[dotted.strip()] = yaml.safe_load(text)
+            raw.setdefault("overrides", {})[dotted.strip()] = read_yaml(text)
     try:
         sweep = SweepSpec.model_validate(raw)
     except ValidationError as err:
         raise SpecError(_errors(err), str(path)) from None
     return sweep, expand(sweep, Path(path).parent, str(path))
+
+
+def _as_sweep(raw: dict[str, Any], path: Path) -> dict[str, Any]:
+    """An experiment spec given where a sweep is expected is the sweep of that one experiment
+    (its own seed), so every spec file under tune/ can be planned, smoke-run and estimated."""
+    if any(field in raw for field in ("base", "experiment", "methods", "seeds")) or \
+            not any(field in raw for field in ("dataset", "preset", "method")):
+        return raw
+    experiment = {k: v for k, v in raw.items() if k != "seed"}
+    return {"name": raw.get("name") or path.stem, "experiment": experiment,
+            "seeds": [raw.get("seed", 0)]}
 
 
 def _base(sweep: SweepSpec, folder: Path, source: str) -> dict[str, Any]:
@@ -427,11 +447,26 @@ def _search_problems(where: str, search: SearchSpec,
     return problems
 
 
-def check_runnable(specs: list[ExperimentSpec]) -> None:
+@dataclass(frozen=True)
+class DataCheck:
+    """What :func:`check_runnable` found about the data: the datasets still to fetch (only when
+    they were allowed to be missing) and where each loaded dataset's data come from."""
+
+    missing: dict[str, str]  # dataset name → the cache root it was looked for in
+    origins: dict[str, str]  # dataset name → SourceData.origin (real, standin, bundled, …)
+
+    def standins(self) -> list[str]:
+        return sorted(name for name, origin in self.origins.items() if origin == "standin")
+
+
+def check_runnable(specs: list[ExperimentSpec], missing_ok: bool = False) -> DataCheck:
     """Build every spec's data and method once, before anything starts: a dataset that is not
     fetched, an unreadable file or a partition that leaves a client without data is reported
-    like any other spec error (each dataset is loaded once, however many trials share it)."""
+    like any other spec error (each dataset is loaded once, however many trials share it).
+    With ``missing_ok`` (a plan, not a run) a dataset that is not fetched yet is listed in the
+    result instead; its trials' partitions are then not checked."""
     from raylf.data import build_federation
+    from raylf.data.cache import DatasetMissing, data_root
     from raylf.data.manifest import DatasetError
     from raylf.data.sources import load_source
     from raylf.runtime.blueprint import Blueprint
@@ -439,11 +474,21 @@ def check_runnable(specs: list[ExperimentSpec]) -> None:
     sources: dict[str, Any] = {}
     methods_checked: set[str] = set()
     problems: list[tuple[str, str]] = []
+    missing: dict[str, str] = {}
+    origins: dict[str, str] = {}
     for spec in specs:
         key = json.dumps([spec.dataset.name, spec.dataset.params.model_dump(mode="json")])
         if key not in sources:
             try:
                 sources[key] = load_source(spec.dataset.name, spec.dataset.params)
+                origins[spec.dataset.name] = getattr(sources[key], "origin", "unknown")
+            except DatasetMissing as err:
+                sources[key] = None
+                if missing_ok:
+                    missing[spec.dataset.name] = str(data_root(getattr(spec.dataset.params,
+                                                                       "root", None)))
+                else:
+                    problems.append(_dataset_problem(spec, err))
             except (DatasetError, ValueError, OSError) as err:
                 sources[key] = None
                 problems.append(_dataset_problem(spec, err))
@@ -470,6 +515,7 @@ def check_runnable(specs: list[ExperimentSpec]) -> None:
                 problems += err.problems
     if problems:
         raise SpecError(sorted(set(problems)))
+    return DataCheck(missing, origins)
 
 
 def _dataset_problem(spec: ExperimentSpec, err: Exception) -> tuple[str, str]:

@@ -267,3 +267,23 @@ def assert_refused(code: int, err: str, field: str, fix: str, *not_created: Path
     assert err.startswith("invalid spec") and f"{field}:" in err and fix in err, err
     for path in not_created:
         assert not path.exists(), f"{path} was created"
+
+
+
+def test_yaml_1_1_words_mean_what_the_user_wrote(tmp_path):
+    """``off`` / ``no`` are strings in a spec (only true / false are booleans, as in YAML 1.2):
+    ``cohort: off`` as the README writes it works in a file and with ``--set``, a boolean field
+    still takes ``no``, and a real boolean where a word is wanted is refused naming the field."""
+    from raylf.config import SpecError, load_spec
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(small_spec_dict(), sort_keys=False)
+                    .replace("resources:\n", "resources:\n  cohort: off\n", 1))
+    assert "cohort: off" in path.read_text()
+    assert load_spec(path).resources.cohort == "off"
+    assert load_spec(path, ["resources.cohort=auto"]).resources.cohort == "auto"
+    assert load_spec(path, ["resources.cohort=off"]).resources.cohort == "off"
+    fedsoft = load_spec(path, ["method.name=fedsoft", "method.params.selection=no"])
+    assert fedsoft.method.hparams.selection is False
+    with pytest.raises(SpecError, match="resources.cohort"):
+        load_spec(path, ["resources.cohort=true"])
