@@ -3,14 +3,19 @@ scenario before running it.
 
     list [--root DIR]                                 every dataset name, where its data come from
                                                       and, for downloads, whether it is cached
+                                                      (real or stand-in)
     fetch NAME... [--allow-unverified] [--force]      download, verify and unpack into the cache
     verify NAME... | path NAME                        re-hash a fetched dataset / print its folder
+    standin NAME... [--root DIR] [--seed N]           write format-true stand-ins (random content
+                                                      in the real files' layout) to check a spec
+                                                      offline; default DIR: <cache root>/standin
     describe                                          the paper presets and their notes
     describe PRESET [--plot FILE] [--seed N]          per-client table (and label-distribution
     describe --spec FILE [--plot FILE]                figure) of a preset or an experiment spec
 
 The cache root is ``--root DIR``, else ``$RAYLF_DATA``, else ``~/.cache/raylf/data``.
-Exit codes: 0 ok, 1 dataset missing or broken, 2 invalid spec or usage.
+Exit codes: 0 ok, 1 dataset missing or broken, 2 invalid spec or usage (a stand-in refused where
+real data are included).
 """
 
 from __future__ import annotations
@@ -23,9 +28,20 @@ from typing import Any
 import numpy as np
 
 from raylf.config import SpecError, load_raw, validate
-from raylf.data import build_federation, presets
-from raylf.data.cache import ENV_VAR, data_root, fetch, is_complete, require, verify
-from raylf.data.manifest import DatasetError, list_manifests
+from raylf.data import build_federation, presets, standin
+from raylf.data.cache import (
+    ENV_VAR,
+    REAL,
+    STANDIN,
+    data_root,
+    dataset_origin,
+    fetch,
+    locate,
+    read_marker,
+    standin_root,
+    verify,
+)
+from raylf.data.manifest import DatasetError, list_manifests, manifest_names
 from raylf.data.sources import SOURCES, load_source
 
 # where the data of each source without a manifest come from (the others are downloaded)
@@ -138,6 +154,9 @@ def describe(args: argparse.Namespace) -> int:
         return 0
     spec = resolve(args.preset, args.spec, args.root, args.seed)
     source = load_source(spec.dataset.name, spec.dataset.params)
+    if source.origin == STANDIN:
+        print(standin.notice(spec.dataset.name,
+                             data_root(spec.dataset.params.root) / spec.dataset.name))
     fed = build_federation(spec, source)
     rows = client_table(fed, source.y)
     note = presets.PRESETS[args.preset]["note"] if args.preset else None
@@ -157,21 +176,28 @@ def origin(name: str) -> str:
     return (SOURCES.get(name).__doc__ or "").strip().split("\n")[0]
 
 
+_STATE = {REAL: "present", STANDIN: "STAND-IN", None: "absent"}
+
+
 def list_datasets(args: argparse.Namespace) -> int:
-    """One row per name ``dataset.name`` accepts; downloadable ones with their cache state."""
-    root = data_root(args.root)
+    """One row per name ``dataset.name`` accepts; downloadable ones with their state in the
+    cache root (``present`` means the real data; a stand-in is shown as such) and whether the
+    stand-in root next to it holds a stand-in."""
+    root, standins = data_root(args.root), standin_root(args.root)
     manifests = {m.name: m for m in list_manifests()}
     print(f"cache root: {root}")
-    print(f"{'dataset':18s} {'cache':8s} {'digest':10s} {'tasks':32s} data from")
+    print(f"stand-in root: {standins}")
+    print(f"{'dataset':18s} {'cache':8s} {'stand-in':8s} {'digest':10s} {'tasks':32s} data from")
     for name in sorted(set(SOURCES.names()) | set(manifests)):
         m = manifests.get(name)
         if m is None:
-            print(f"{name:18s} {'':8s} {'':10s} {'':32s} {origin(name)}")
+            print(f"{name:18s} {'':8s} {'':8s} {'':10s} {'':32s} {origin(name)}")
             continue
-        state = "present" if is_complete(name, root, m) else "absent"
+        state = _STATE[dataset_origin(name, root, m)]
+        written = "written" if dataset_origin(name, standins, m) == STANDIN else "-"
         digest = "verified" if m.verified else "UNVERIFIED"
         tasks = ", ".join(f"{t}({len(c)})" for t, c in m.tasks.items())
-        print(f"{name:18s} {state:8s} {digest:10s} {tasks:32s} "
+        print(f"{name:18s} {state:8s} {written:8s} {digest:10s} {tasks:32s} "
               f"downloaded from {', '.join(m.hosts)}")
     return 0
 
@@ -186,12 +212,32 @@ def fetch_datasets(args: argparse.Namespace) -> int:
 
 def verify_datasets(args: argparse.Namespace) -> int:
     for name in args.names:
-        print(f"{name}: ok {verify(name, args.root)}")
+        folder = verify(name, args.root)
+        kind = " (STAND-IN, checked against the digests it was written with)" \
+            if dataset_origin(name, args.root) == STANDIN else ""
+        print(f"{name}: ok {folder}{kind}")
     return 0
 
 
 def print_path(args: argparse.Namespace) -> int:
-    print(require(args.names[0], args.root))
+    folder, found = locate(args.names[0], args.root)
+    if found == STANDIN:
+        print(standin.notice(args.names[0], folder), file=sys.stderr)
+    print(folder)
+    return 0
+
+
+def write_standins(args: argparse.Namespace) -> int:
+    """Write each stand-in and say where it is, what it is and how a spec reads it."""
+    if args.seed < 0:
+        raise SpecError([("--seed", f"a seed is a non-negative integer, got {args.seed}")])
+    for name in args.names:
+        folder = standin.write(name, args.root, seed=args.seed)
+        size = read_marker(folder)["standin"]["size"]
+        print(f"{name}: stand-in written to {folder} (seed {args.seed}, "
+              f"{', '.join(f'{k} {v:,}' for k, v in size.items())}): random content in the real "
+              f"files' format, not the real {name}; a spec reads it with dataset.root: "
+              f"{folder.parent}")
     return 0
 
 
@@ -206,7 +252,7 @@ def parser() -> argparse.ArgumentParser:
                 ) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=summary, description=summary)
         p.set_defaults(run=run)
-        p.add_argument("--root", default=None, help=root_help)
+        p.add_argument("--root", default=None, metavar="DIR", help=root_help)
         return p
 
     command("list", list_datasets, "list every dataset name and where its data come from")
@@ -219,6 +265,15 @@ def parser() -> argparse.ArgumentParser:
     p_verify.add_argument("names", nargs="+", metavar="NAME")
     p_path = command("path", print_path, "print the folder of a fetched dataset")
     p_path.add_argument("names", nargs=1, metavar="NAME")
+    p_standin = command("standin", write_standins,
+                        "write format-true stand-ins: seeded random content in the real files' "
+                        "layout, through the real fetch, to check a spec without the data",
+                        root_help=f"root to write them into (default: {standin_root()}, the "
+                                  "stand-in root inside the cache root); a spec reads them with "
+                                  "dataset.root: DIR")
+    p_standin.add_argument("names", nargs="+", metavar="NAME", choices=manifest_names())
+    p_standin.add_argument("--seed", type=int, default=0,
+                           help="seed of the content, ≥ 0 (default 0)")
     p_describe = command("describe", describe, "per-client table of a preset or a spec",
                          root_help="cache root of the data")
     p_describe.add_argument("preset", nargs="?", help="paper preset (omit to list them)")
@@ -235,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SpecError as err:
         print(err, file=sys.stderr)
         return err.exit_code
+    except standin.StandinRefused as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     except DatasetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

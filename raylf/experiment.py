@@ -86,10 +86,12 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     finished = False  # ended without an exception: the runtime's actors may serve the next run
     failure: BaseException | None = None
     applied: dict[str, Any] = {}  # the input normalization's columns, once the data are built
+    origin: str | None = None  # where the data come from (SourceData.origin), once loaded
     try:
         label = f"{trial_id}/{uuid.uuid4().hex[:6]}"  # unique actor names, retries included
         blueprint = Blueprint(spec, build_federation(spec))
         applied = blueprint.federation.normalization.columns()
+        origin = blueprint.federation.origin
         blueprint.method()  # incompatible method and data fail here, before any actor starts
         runtime = open_runtime(backend, blueprint, placement, label)
         if snapshot is not None:
@@ -138,8 +140,8 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
             checkpoints.close()
     tables = {
         "trials": [trial_row(spec, trial_id, sweep, backend, status, error, diverged_round,
-                             progress, time.perf_counter() - started) | applied |
-                   (extra or {})],
+                             progress, time.perf_counter() - started) |
+                   {"data_origin": origin} | applied | (extra or {})],
         "rounds": [{"trial_id": trial_id, **r} for r in progress.rounds],
         "clients": [{"trial_id": trial_id, **c} for c in progress.clients],
         **{name: [{"trial_id": trial_id, **r} for r in rows]

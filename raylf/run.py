@@ -54,16 +54,28 @@ def progress_line(record: dict, rounds: int) -> str:
             f"{record['round_s']:.2f}s")
 
 
+def standin_notice(spec: ExperimentSpec) -> str:
+    """The line that says, before the first round and after the last, that this run reads a
+    stand-in (raylf.data.standin), so its figures are never taken for the real dataset's."""
+    from raylf.data.cache import data_root
+    from raylf.data.standin import notice
+
+    name = spec.dataset.name
+    return notice(name, data_root(getattr(spec.dataset.params, "root", None)) / name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from raylf.sweepspec import check_runnable
 
     try:
         spec = load_spec(args.spec, args.overrides)
-        check_runnable([spec])
+        standins = check_runnable([spec]).standins()
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC
+    if standins:
+        print(standin_notice(spec), flush=True)
     from raylf.experiment import run_experiment
 
     if args.backend == "ray":
@@ -93,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, path in result.paths.items():
         print(f"  {name}: {path}")
     print(f"load them with: raylf.results.load({args.out!r})")
+    if standins:
+        print(standin_notice(spec))
     return {"ok": 0, "diverged": EXIT_DIVERGED}.get(result.status, EXIT_FAILED)
 
 

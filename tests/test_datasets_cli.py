@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import raylf.datasets
+from raylf.data import standin
 from raylf.data.sources import SOURCES
 from raylf.datasets import main
 from raylf.run import main as run_main
-from tests.test_sources import mark_complete, write_mnist
+from tests.test_sources import mark_complete
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,17 +31,18 @@ def test_list_names_every_source_and_where_its_data_come_from(
     mark_complete(tmp_path, "mnist")
     assert main(["list", "--root", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"cache root: {tmp_path}" and lines[1].split()[0] == "dataset"
-    rows = {line.split()[0]: line for line in lines[2:]}
+    assert lines[:2] == [f"cache root: {tmp_path}", f"stand-in root: {tmp_path / 'standin'}"]
+    assert lines[2].split()[:3] == ["dataset", "cache", "stand-in"]
+    rows = {line.split()[0]: line for line in lines[3:]}
     assert sorted(rows) == SOURCES.names()
     assert rows["digits"].endswith(" bundled with scikit-learn")
     assert rows["synthetic"].endswith(" generated from the seed (dataset.seed)")
     assert rows["npz"].endswith(" your own .npz file (dataset.path)")
-    assert rows["mnist"].split()[1:3] == ["present", "verified"]
+    assert rows["mnist"].split()[1:4] == ["present", "-", "verified"]
     assert rows["mnist"].endswith(" downloaded from ossci-datasets.s3.amazonaws.com")
-    assert rows["cifar10"].split()[1:4] == ["absent", "verified", "object(10)"]
+    assert rows["cifar10"].split()[1:5] == ["absent", "-", "verified", "object(10)"]
     assert rows["cifar10"].endswith(" downloaded from www.cs.toronto.edu")
-    assert rows["pneumonia"].split()[1:3] == ["absent", "UNVERIFIED"]
+    assert rows["pneumonia"].split()[1:4] == ["absent", "-", "UNVERIFIED"]
 
 
 def test_list_falls_back_to_the_source_docstring(tmp_path: Path, capsys: pytest.CaptureFixture,
@@ -60,18 +62,19 @@ def test_describe_without_a_name_lists_presets(capsys: pytest.CaptureFixture) ->
 
 def test_describe_preset_prints_table_and_plots(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture) -> None:
-    write_mnist(tmp_path, n=(300, 50))
+    standin.write("mnist", tmp_path)
     png = tmp_path / "dist.png"
     code = main(["describe", "spcacw-mnist-label-switch", "--root", str(tmp_path),
                  "--plot", str(png)])
     out = capsys.readouterr().out
     assert code == 0, out
     lines = out.splitlines()
+    assert lines[0] == standin.notice("mnist", tmp_path / "mnist")
     header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["client", "group"])
     rows = [line.split() for line in lines[header + 1:header + 8]]
     assert [r[0] for r in rows] == [str(k) for k in range(7)]
     assert [r[1] for r in rows] == ["0", "1", "2", "0", "1", "2", "0"]
-    assert sum(int(r[2]) + int(r[3]) for r in rows) == 350
+    assert sum(int(r[2]) + int(r[3]) for r in rows) == 1200  # the stand-in's 1,000 + 200
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 

@@ -731,7 +731,7 @@ def _fake_cifar10(server: Path) -> tuple[Manifest, dict[str, bytes]]:
     (server / "cifar-10-python.tar.gz").write_bytes(archive)
     shipped = load_manifest("cifar10")
     spec = shipped.files[0].model_copy(update={
-        "url": (server / "cifar-10-python.tar.gz").as_uri(), "md5": _md5(archive),
+        "url": (server / "cifar-10-python.tar.gz").as_uri(), "md5": _md5(archive), "size": None,
         "members": [member.model_copy(update={"md5": _md5(batches[member.path])})
                     for member in shipped.files[0].members]})
     assert {m.path for m in spec.members} == set(batches)  # the shipped manifest lists them all

@@ -1,21 +1,17 @@
-"""Dataset sources against generated fixtures in the exact on-disk layout fetch produces."""
+"""Dataset sources. Reading the downloaded datasets' files is tested on their stand-ins, which
+go through the real fetch (tests/test_standin.py); here: what needs no such files."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
-import pickle
-import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from raylf.config import SpecError, validate
-from raylf.data import build_federation, text
-from raylf.data.cache import MARKER, DatasetMissing, fetch
+from raylf.data import build_federation, standin, text
+from raylf.data.cache import MARKER, DatasetMissing
 from raylf.data.manifest import load_manifest
 from raylf.data.sources import SOURCES, from_arrays, load_source
 
@@ -35,54 +31,9 @@ def mark_complete(root: Path, name: str) -> Path:
     return folder
 
 
-def _idx(array: np.ndarray) -> bytes:
-    head = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
-    return head + array.astype(np.uint8).tobytes()
-
-
-def write_mnist(root: Path, name: str = "mnist", n: tuple[int, int] = (30, 10), seed=0) -> None:
-    rng = np.random.default_rng(seed)
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    for prefix, count in zip(("train", "t10k"), n):
-        (folder / f"{prefix}-images-idx3-ubyte").write_bytes(
-            _idx(rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)))
-        (folder / f"{prefix}-labels-idx1-ubyte").write_bytes(_idx(np.arange(count) % 10))
-    mark_complete(root, name)
-
-
-def write_cifar(root: Path, name: str = "cifar10", per_batch: int = 20, seed=0) -> None:
-    """CIFAR python pickles (uint8 N×3072 rows, label lists) in torchvision's file names."""
-    rng = np.random.default_rng(seed)
-    ten = name == "cifar10"
-    classes = 10 if ten else 100
-    sub = "cifar-10-python/cifar-10-batches-py" if ten else "cifar-100-python/cifar-100-python"
-    folder = root / name / sub
-    folder.mkdir(parents=True, exist_ok=True)
-    key = "labels" if ten else "fine_labels"
-    batches = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"] if ten else \
-        ["train", "test"]
-    for batch in batches:
-        entry = {"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-                 key: list(rng.integers(0, classes, per_batch))}
-        (folder / batch).write_bytes(pickle.dumps(entry))
-    meta = {"label_names" if ten else "fine_label_names": [f"c{i}" for i in range(classes)]}
-    (folder / ("batches.meta" if ten else "meta")).write_bytes(pickle.dumps(meta))
-    mark_complete(root, name)
-
-
-def trust_unpacked(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
-    """Let the cache read the generated files an archive would have unpacked into ``folder``:
-    the shipped manifest lists the md5s of the real ones, which a source checks before reading."""
-    from raylf.data import cache
-
-    shipped = load_manifest(folder.name)
-    files = [spec.model_copy(update={"members": [member.model_copy(update={"md5": hashlib.md5(
-        (folder / spec.target / member.path).read_bytes()).hexdigest()}) for member in
-        spec.members]}) for spec in shipped.files]
-    generated = shipped.model_copy(update={"files": files})
-    monkeypatch.setattr(cache, "load_manifest",
-                        lambda name: generated if name == folder.name else load_manifest(name))
+def write_mnist(root: Path, name: str = "mnist") -> Path:
+    """MNIST-format data under ``root`` (tests/test_normalize.py reads them): the stand-in."""
+    return standin.write(name, root)
 
 
 def test_missing_dataset_says_how_to_fetch(tmp_path: Path) -> None:
@@ -92,30 +43,15 @@ def test_missing_dataset_says_how_to_fetch(tmp_path: Path) -> None:
             load_source(name, params)
 
 
-@pytest.mark.parametrize("name", ["mnist", "fashion_mnist"])
-def test_idx_sources_read_the_fetch_layout(tmp_path: Path, name: str) -> None:
-    write_mnist(tmp_path, name)
-    data = load_source(name, SOURCES.get(name).Params(root=str(tmp_path)))
-    assert data.x.shape == (40, 1, 28, 28) and data.x.dtype == np.float32
-    assert 0 <= data.x.min() and data.x.max() <= 1 and data.x.max() > 0.9
-    assert data.y.dtype == np.int64 and data.num_classes == 10 and len(data.class_names) == 10
-
-
-@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
-def test_cifar_sources_read_the_fetch_layout(tmp_path: Path, name: str,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    write_cifar(tmp_path, name)
-    trust_unpacked(monkeypatch, tmp_path / name)
-    data = load_source(name, SOURCES.get(name).Params(root=str(tmp_path)))
-    n = 120 if name == "cifar10" else 40
-    assert data.x.shape == (n, 3, 32, 32) and data.x.dtype == np.float32
-    assert data.x.max() <= 1 and data.num_classes == (10 if name == "cifar10" else 100)
-
-
-def test_env_var_sets_the_cache_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    write_mnist(tmp_path)
-    monkeypatch.setenv("RAYLF_DATA", str(tmp_path))
-    assert len(load_source("mnist", SOURCES.get("mnist").Params()).y) == 40
+def test_non_downloaded_sources_say_where_their_data_come_from(tmp_path: Path) -> None:
+    path = tmp_path / "d.npz"
+    np.savez(path, x=np.zeros((4, 3), np.float32), y=np.arange(4) % 2)
+    origins = {name: load_source(name, SOURCES.get(name).Params(**params)).origin
+               for name, params in [("digits", {}), ("digits_multitask", {}),
+                                    ("digits28", {"n_samples": 10}),
+                                    ("synthetic", {"n_samples": 10}), ("npz", {"path": str(path)})]}
+    assert origins == {"digits": "bundled", "digits_multitask": "bundled",
+                       "digits28": "generated", "synthetic": "generated", "npz": "user"}
 
 
 def test_npz_source_shapes_scaling_and_tasks(tmp_path: Path) -> None:
@@ -192,74 +128,6 @@ def test_shakespeare_windows_stay_inside_a_role() -> None:
     assert rows.dtype == np.int64
     assert decode(vocab[i] for i in rows[0]) == "abcde" and vocab[corpus.targets[0]] == "f"
     assert decode(vocab[i] for i in rows[3]) == "01234" and vocab[corpus.targets[4]] == "6"
-
-
-def test_shakespeare_source_and_natural_scenario(tmp_path: Path) -> None:
-    speeches = "\n".join(f"  ROLE{chr(65 + r)}. " + f"line of role {r} " * 30 +
-                         "\n" for r in range(8))
-    folder = mark_complete(tmp_path, "shakespeare")
-    (folder / "1994-01-100" / "100.txt").write_text(PLAY.format("") + "\nA PLAY\n\nby William "
-                                                    "Shakespeare\n\n" + speeches)
-    spec = validate({"dataset": {"name": "shakespeare", "root": str(tmp_path)},
-                     "scenario": {"name": "natural", "roles_per_client": 2, "min_samples": 100},
-                     "model": {"name": "mlp"}, "method": {"name": "fedavg"},
-                     "federation": {"num_clients": 4, "rounds": 1}})
-    source = load_source("shakespeare", spec.dataset.params)
-    assert source.input_shape == (50,) and source.num_classes == 80
-    fed = build_federation(spec, source)
-    roles = [set(source.owners[np.concatenate([fed.train[k], fed.test[k]])]) for k in range(4)]
-    assert all(len(r) == 2 for r in roles) and len(set().union(*roles)) == 8
-    for k in range(4):  # test windows come after train windows with a 50-window gap per role
-        for role in roles[k]:
-            tr = fed.train[k][source.owners[fed.train[k]] == role]
-            te = fed.test[k][source.owners[fed.test[k]] == role]
-            assert te.min() - tr.max() > 50
-    shard = fed.shard(np.arange(4), torch.device("cpu"), source)
-    assert shard.train.x.dtype == torch.int64 and shard.train.x.shape[1] == 50
-
-
-def _medimeta_zip(n: int) -> bytes:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("pneumonia/info.yaml", "id: pneumonia\ntasks:\n  - task_name: pneumonia "
-                    "presence\n  - task_name: disease class\n")
-        for i in range(n):
-            img = io.BytesIO()
-            Image.fromarray(np.full((224, 224), i * 20, np.uint8)).save(img, format="TIFF")
-            zf.writestr(f"pneumonia/images/{i:06d}.tiff", img.getvalue())
-        for task, labels in (("pneumonia presence", np.arange(n) % 2),
-                             ("disease class", np.arange(n) % 3)):
-            arr = io.BytesIO()
-            np.save(arr, labels)
-            zf.writestr(f"pneumonia/task_labels/{task}.npy", arr.getvalue())
-    return buf.getvalue()
-
-
-def test_medimeta_source_from_a_fixture_zip(tmp_path: Path) -> None:
-    """The layout assumed for the MedIMeta zips (unverified against the real release)."""
-    from raylf.data.manifest import Manifest
-
-    (tmp_path / "pneumonia.zip").write_bytes(_medimeta_zip(6))
-    shipped = load_manifest("pneumonia").model_dump()
-    shipped["files"][0]["url"] = (tmp_path / "pneumonia.zip").as_uri()
-    fetch("pneumonia", tmp_path / "cache", Manifest(**shipped), allow_unverified=True)
-    data = load_source("pneumonia", SOURCES.get("pneumonia").Params(root=str(tmp_path / "cache")))
-    assert data.x.shape == (6, 1, 64, 64) and data.x.dtype == np.float32
-    assert np.isclose(data.x[3].mean(), 60 / 255, atol=1e-3)
-    assert list(data.y) == [0, 1, 2, 0, 1, 2] and set(data.tasks) == {"binary", "multiclass"}
-    assert data.class_names == ["normal", "bacteria", "virus"]
-
-
-def test_medimeta_missing_task_file_lists_what_is_there(tmp_path: Path) -> None:
-    from raylf.data import medimeta
-    from raylf.data.manifest import DatasetError
-
-    with zipfile.ZipFile(io.BytesIO(_medimeta_zip(2))) as zf:
-        zf.extractall(tmp_path)
-    with pytest.raises(DatasetError, match="task 'malignancy'.*pneumonia presence"):
-        medimeta.load(tmp_path, {"binary": "malignancy"}, 64)
 
 
 def test_synthetic_clusters_group_class_means() -> None:

@@ -16,6 +16,13 @@ Cache layout (``DIR`` = :func:`data_root`)::
 The marker is written last, so its presence means "complete"; fetching a complete dataset again
 is a no-op that touches no network. Data without a published digest are refused unless the caller
 passes ``allow_unverified=True``.
+
+The marker also records the data's origin: ``real`` (a download verified against the shipped
+manifest; markers without the field are real) or ``standin`` (random content in the real format,
+written by :mod:`raylf.data.standin` through this same fetch). A stand-in is checked against the
+digests its own marker records, since the shipped manifest describes the real files; a real fetch
+into a folder holding a stand-in removes it first, so no stand-in file is ever taken for a real
+one (files without a published digest would otherwise be reused as they are).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +40,7 @@ from typing import Any
 from raylf.data import atomic_files
 from raylf.data.download import check_digests, hash_file, obtain
 from raylf.data.extract import extract
-from raylf.data.manifest import DatasetError, Manifest, load_manifest
+from raylf.data.manifest import DatasetError, FileSpec, Manifest, load_manifest
 
 try:  # POSIX only; on other platforms concurrent fetches are simply not serialized
     import fcntl
@@ -43,6 +51,8 @@ MARKER = ".complete"
 MARKER_VERSION = 1
 ENV_VAR = "RAYLF_DATA"
 FETCH_COMMAND = "python -m raylf.datasets fetch"
+STANDIN_COMMAND = "python -m raylf.datasets standin"
+REAL, STANDIN = "real", "standin"  # the origins a marker records
 _TIMEOUT_S = 60.0
 
 
@@ -63,12 +73,27 @@ def data_root(root: str | os.PathLike[str] | None = None) -> Path:
     return (base / "raylf" / "data").absolute()
 
 
+def standin_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """Where stand-ins go by default: ``standin/`` inside the cache root ``data_root(root)``, a
+    root of its own, so a stand-in never sits where the real dataset is looked for (a spec
+    reads it only by naming this folder as ``dataset.root``)."""
+    return data_root(root) / "standin"
+
+
 def is_complete(
     name: str, root: str | os.PathLike[str] | None = None, manifest: Manifest | None = None
 ) -> bool:
-    """True when ``name`` has a completion marker matching its manifest under the cache root."""
-    manifest = manifest or load_manifest(name)
-    return _marker_matches(data_root(root) / name, manifest)
+    """True when ``name`` is complete under the cache root, as real data or as a stand-in
+    (:func:`dataset_origin` tells which)."""
+    return dataset_origin(name, root, manifest) is not None
+
+
+def dataset_origin(
+    name: str, root: str | os.PathLike[str] | None = None, manifest: Manifest | None = None
+) -> str | None:
+    """``"real"`` or ``"standin"`` when ``name`` is complete under the cache root, else None."""
+    state = _state(data_root(root) / name, _resolve_manifest(name, manifest))
+    return state[0] if state else None
 
 
 def require(
@@ -76,11 +101,19 @@ def require(
 ) -> Path:
     """The dataset folder if a complete fetch is recorded there; else :class:`DatasetMissing`
     with the fetch command and the files to place by hand."""
+    return locate(name, root, manifest)[0]
+
+
+def locate(
+    name: str, root: str | os.PathLike[str] | None = None, manifest: Manifest | None = None
+) -> tuple[Path, str]:
+    """The dataset folder and its origin (``"real"`` / ``"standin"``), as :func:`require`."""
     manifest = _resolve_manifest(name, manifest)
     base = data_root(root)
     folder = base / name
-    if _marker_matches(folder, manifest):
-        return folder
+    state = _state(folder, manifest)
+    if state is not None:
+        return folder, state[0]
     raise DatasetMissing(_missing_message(name, manifest, base, folder))
 
 
@@ -93,18 +126,24 @@ def fetch(
     force: bool = False,
     timeout: float = _TIMEOUT_S,
     progress: bool = False,
+    standin: dict[str, Any] | None = None,
 ) -> Path:
     """Download, verify and unpack ``name`` into ``data_root(root)/name``; return that folder.
 
     A dataset whose completion marker matches the manifest is returned at once (no network).
     Files already present under their final name are verified and reused (manual placement,
     resumed fetches). ``force`` discards the marker and re-verifies every file. Files without a
-    published digest are refused unless ``allow_unverified``.
+    published digest are refused unless ``allow_unverified``. A stand-in in the folder is
+    removed first: it is never complete data for a real fetch, and none of its files is reused.
+
+    ``standin`` is for :mod:`raylf.data.standin` only: ``manifest`` then describes stand-in files
+    (their own digests) and the marker records origin ``standin`` with this mapping (seed, size).
     """
     manifest = _resolve_manifest(name, manifest)
     base = data_root(root)
     folder = base / name
-    if not force and _marker_matches(folder, manifest):
+    origin = REAL if standin is None else STANDIN
+    if not force and _complete_as(folder, manifest, origin):
         return folder
 
     unverified = [f.filename for f in manifest.files if not f.verified]
@@ -118,9 +157,11 @@ def fetch(
         )
 
     base.mkdir(parents=True, exist_ok=True)
-    with _lock(base / f".{name}.lock"):
-        if not force and _marker_matches(folder, manifest):  # another process finished it
+    with lock(base, name):
+        if not force and _complete_as(folder, manifest, origin):  # another process finished it
             return folder
+        if (read_marker(folder) or {}).get("origin") == STANDIN:
+            shutil.rmtree(folder)  # nothing of a stand-in may pass for real (or other) data
         folder.mkdir(parents=True, exist_ok=True)
         atomic_files.remove_leftovers(folder)
         with contextlib.suppress(FileNotFoundError):
@@ -139,6 +180,7 @@ def fetch(
                         "verified": spec.verified,
                         "extracted_to": spec.target,
                         **digests,
+                        "members": [{"path": m.path, **m.digests} for m in spec.members],
                     }
                 )
         except BaseException:
@@ -148,6 +190,8 @@ def fetch(
         marker = {
             "version": MARKER_VERSION,
             "name": name,
+            "origin": origin,
+            **({} if standin is None else {"standin": standin}),
             "verified": manifest.verified,
             "fetched_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "files": records,
@@ -160,9 +204,9 @@ def verify(
     name: str, root: str | os.PathLike[str] | None = None, manifest: Manifest | None = None
 ) -> Path:
     """Re-hash every kept file of a fetched dataset, and every unpacked file the manifest lists,
-    against the manifest (slow, thorough)."""
+    against the manifest (a stand-in: against the digests its marker records; slow, thorough)."""
     folder = require(name, root, manifest)
-    manifest = _resolve_manifest(name, manifest)
+    manifest = _fetched_against(folder, _resolve_manifest(name, manifest))
     fix = _refetch(name, folder)
     for spec in manifest.files:
         checked = [(spec, folder / spec.filename)] if spec.verified else []
@@ -182,10 +226,11 @@ def read_verified(folder: Path, relative: str, manifest: Manifest | None = None)
     The bytes hashed are the bytes returned, so nothing can swap the file between check and
     use; that matters for pickled data, which runs code as it loads. A file the manifest gives
     no digest for is refused, as is a missing or mismatching one (with the command that
-    repairs the cache).
+    repairs the cache). A stand-in's files are checked against the digests its marker records
+    when it was written, so the check runs for stand-ins too.
     """
     name = folder.name
-    manifest = _resolve_manifest(name, manifest)
+    manifest = _fetched_against(folder, _resolve_manifest(name, manifest))
     members = {f"{spec.target}/{member.path}": member
                for spec in manifest.files for member in spec.members}
     if relative not in members:
@@ -203,6 +248,8 @@ def read_verified(folder: Path, relative: str, manifest: Manifest | None = None)
 
 
 def _refetch(name: str, folder: Path) -> str:
+    if (read_marker(folder) or {}).get("origin") == STANDIN:
+        return f"write the stand-in again with: {STANDIN_COMMAND} {name} --root {folder.parent}"
     return f"repair the cache with: {FETCH_COMMAND} {name} --force --root {folder.parent}"
 
 
@@ -214,12 +261,59 @@ def _resolve_manifest(name: str, manifest: Manifest | None) -> Manifest:
     return manifest
 
 
-def _marker_matches(folder: Path, manifest: Manifest) -> bool:
-    """The marker exists, records every manifest file with the manifest's digests, and every
-    recorded path is still there."""
-    data = _read_marker(folder)
+def _complete_as(folder: Path, manifest: Manifest, origin: str) -> bool:
+    state = _state(folder, manifest)
+    return state is not None and state[0] == origin
+
+
+def _state(folder: Path, manifest: Manifest) -> tuple[str, Manifest] | None:
+    """(origin, the manifest the data in ``folder`` answer to) when a complete fetch is recorded
+    there, else None."""
+    data = read_marker(folder)
     if data is None or data.get("name") != manifest.name:
-        return False
+        return None
+    origin = data.get("origin", REAL)
+    if origin == STANDIN:
+        manifest = _standin_manifest(manifest, data)
+    elif origin != REAL:
+        return None
+    if manifest is None or not _marker_matches(folder, manifest, data):
+        return None
+    return origin, manifest
+
+
+def _fetched_against(folder: Path, manifest: Manifest) -> Manifest:
+    """The manifest whose digests the data in ``folder`` must have: ``manifest`` for real data,
+    the stand-in's own for a stand-in; a folder without a complete fetch is an error."""
+    state = _state(folder, manifest)
+    if state is None:
+        raise DatasetError(f"{folder} holds no complete fetch of {manifest.name!r}; "
+                           f"{_refetch(manifest.name, folder)}")
+    return state[1]
+
+
+def _standin_manifest(shipped: Manifest, data: dict[str, Any]) -> Manifest | None:
+    """``shipped`` with the files, sizes and digests a stand-in's marker records; None when the
+    marker lacks a file or lists other archive members than the real archive has."""
+    recorded = {f.get("filename"): f for f in data.get("files", []) if isinstance(f, dict)}
+    files = []
+    try:
+        for spec in shipped.files:
+            entry = recorded[spec.filename]
+            members = entry["members"]
+            if sorted(m["path"] for m in members) != sorted(m.path for m in spec.members):
+                return None
+            files.append(FileSpec.model_validate({
+                **spec.model_dump(), "url": entry["url"], "mirrors": [], "size": entry["size"],
+                "sha256": entry["sha256"], "md5": None, "members": members}))
+    except (KeyError, TypeError, ValueError):  # pydantic's ValidationError is a ValueError
+        return None
+    return shipped.model_copy(update={"files": files})
+
+
+def _marker_matches(folder: Path, manifest: Manifest, data: dict[str, Any]) -> bool:
+    """The marker ``data`` records every manifest file with the manifest's digests, and every
+    recorded path is still there."""
     recorded = {f.get("filename"): f for f in data.get("files", []) if isinstance(f, dict)}
     for spec in manifest.files:
         entry = recorded.get(spec.filename)
@@ -235,7 +329,8 @@ def _marker_matches(folder: Path, manifest: Manifest) -> bool:
     return True
 
 
-def _read_marker(folder: Path) -> dict[str, Any] | None:
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The completion marker of a dataset folder as a mapping, None when absent or unreadable."""
     try:
         data = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -262,17 +357,21 @@ def _missing_message(name: str, manifest: Manifest, base: Path, folder: Path) ->
         )
     if manifest.note:
         lines.append(f"Note: {manifest.note.strip()}")
+    lines.append(f"To check a spec without the real data: {STANDIN_COMMAND} {name} --root "
+                 f"{standin_root(base)} writes a stand-in (random content, the real format) "
+                 "there; set dataset.root to that folder to read it.")
     return "\n".join(lines)
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock so concurrent fetches of one dataset (several Ray workers on
-    one node) do not interleave. No-op where fcntl is unavailable."""
+def lock(base: Path, name: str) -> Iterator[None]:
+    """An exclusive advisory lock on dataset ``name`` under the root ``base``, so concurrent
+    fetches of one dataset (several Ray workers on one node) and stand-in writes do not
+    interleave. No-op where fcntl is unavailable."""
     if fcntl is None:  # pragma: no cover
         yield
         return
-    with open(path, "a+b") as fh:
+    with open(base / f".{name}.lock", "a+b") as fh:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
             yield

@@ -42,6 +42,7 @@ class Federation:
     label_maps: np.ndarray | None = None  # clients × classes: label seen for each true label
     val: Ragged | None = None  # per-client validation indices (scenario.val_fraction)
     normalization: Normalization = Normalization()  # applied to every input a shard holds
+    origin: str = "user"  # where the data come from: SourceData.origin (real, standin, …)
 
     @property
     def has_val(self) -> bool:
@@ -93,7 +94,8 @@ def build_federation(spec, source: SourceData | None = None) -> Federation:
                                       stream(spec.seed, "split", 1))
     return Federation(spec.dataset.name, spec.dataset.params, train, test, part.groups,
                       part.angles, source.input_shape, source.num_classes, tuple(source.tasks),
-                      part.label_maps, val, input_normalization(spec, source, train))
+                      part.label_maps, val, input_normalization(spec, source, train),
+                      source.origin)
 
 
 def input_normalization(spec, source: SourceData, train: Ragged) -> Normalization:

@@ -16,6 +16,14 @@ import yaml
 
 from raylf.data.manifest import DatasetError
 
+# raylf's dataset name -> the MedIMeta dataset id and, per raylf task key (``binary``,
+# ``multiclass``: the keys FMT-SVM reads), MedIMeta's task name; the label files are
+# task_labels/<task name>.npy
+DATASETS: dict[str, tuple[str, dict[str, str]]] = {
+    "pneumonia": ("pneumonia", {"binary": "pneumonia presence", "multiclass": "disease class"}),
+    "breast_ultrasound": ("bus", {"binary": "malignancy", "multiclass": "case category"}),
+}
+
 
 def _info(folder: Path) -> tuple[Path, dict]:
     found = sorted(folder.rglob("info.yaml"), key=lambda p: len(p.parts))

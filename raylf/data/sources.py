@@ -8,6 +8,12 @@ see is set by ``dataset.normalize`` (raylf.data.normalize), applied after the pa
 ``synthetic`` defaults to ``none`` (its features are generated on a standard scale already, and
 ``unit`` has no pixel range to refer to); token ids accept only ``none``. A source whose
 ``Params`` does not derive from ``SourceParams`` is used as it loads.
+
+Every source says where its data come from (``SourceData.origin``, the trials table's
+``data_origin``): ``real`` (a download verified against its manifest), ``standin`` (random
+content in a real dataset's file format, :mod:`raylf.data.standin`), ``bundled`` (shipped with a
+library), ``generated`` (made from a seed) or ``user`` (the user's own file or source code, which
+raylf cannot vouch for: the default of a source that does not say).
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ class SourceData:
     ``client_of`` / ``split_of`` a partition the data bring along (the ``given`` scenario; split
     coded as positions in ``SPLITS``); ``raw_scale`` the raw value of 1.0 in ``x`` and
     ``published_stats`` the (mean, std) per channel that ``normalize: standard`` uses instead of
-    the training split's."""
+    the training split's; ``origin`` where the data come from (see the module docstring)."""
 
     x: Any
     y: np.ndarray
@@ -60,6 +66,7 @@ class SourceData:
     split_of: np.ndarray | None = None
     raw_scale: float = 1.0
     published_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    origin: str = "user"
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -98,7 +105,7 @@ class Digits:
         bunch = load_digits()
         x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
         return SourceData(Digits.resize(x, params.size), bunch.target.astype(np.int64), 10,
-                          [str(c) for c in range(10)], raw_scale=16.0)
+                          [str(c) for c in range(10)], raw_scale=16.0, origin="bundled")
 
     @staticmethod
     def resize(x: np.ndarray, size: int) -> np.ndarray:
@@ -140,7 +147,7 @@ def _two_tasks(digits: SourceData) -> SourceData:
     multiclass = digits.y % 3
     tasks = {"binary": (digits.y >= 5).astype(np.int64), "multiclass": multiclass}
     return SourceData(digits.x, multiclass, 3, ["mod3=0", "mod3=1", "mod3=2"], tasks,
-                      raw_scale=digits.raw_scale)
+                      raw_scale=digits.raw_scale, origin=digits.origin)
 
 
 @SOURCES.register("digits28")
@@ -163,7 +170,8 @@ class Digits28:
     @staticmethod
     def load(params: Params) -> SourceData:
         x, y = _augmented_digits(params.n_samples, params.seed)
-        return SourceData(x, y, 10, [str(c) for c in range(10)], raw_scale=16.0)
+        return SourceData(x, y, 10, [str(c) for c in range(10)], raw_scale=16.0,
+                          origin="generated")
 
 
 @SOURCES.register("digits28_multitask")
@@ -269,17 +277,18 @@ class Synthetic:
             rows = slice(start, start + (1 << 20))
             x[rows] += means[y[rows]]
         names = [f"class{c}" for c in range(params.num_classes)]
-        return SourceData(x, y.astype(np.int64), params.num_classes, names)
+        return SourceData(x, y.astype(np.int64), params.num_classes, names, origin="generated")
 
 
 # ------------------------------------------------------------------------------------------
 # torchvision datasets, read from the folder raylf.data.cache guarantees
 
 
-def _require(name: str, root: str | None) -> Path:
-    from raylf.data.cache import require
+def _locate(name: str, root: str | None) -> tuple[Path, str]:
+    """The dataset's cache folder and its origin (real or standin)."""
+    from raylf.data.cache import locate
 
-    return require(name, root)
+    return locate(name, root)
 
 
 def _idx_reader(cls: type) -> type:
@@ -349,10 +358,10 @@ def _torchvision_source(name: str, reader_name: str, wrap, subfolder: str, doc: 
         def load(params: CachedParams) -> SourceData:
             import torchvision.datasets as tvd
 
-            folder = _require(name, params.root) / subfolder
-            x, y, classes = _pooled(wrap(getattr(tvd, reader_name)), folder)
+            folder, origin = _locate(name, params.root)
+            x, y, classes = _pooled(wrap(getattr(tvd, reader_name)), folder / subfolder)
             return SourceData(x, y, len(classes), [str(c) for c in classes], raw_scale=255.0,
-                              published_stats=_PUBLISHED_STATS[name])
+                              published_stats=_PUBLISHED_STATS[name], origin=origin)
 
     Source.__doc__ = doc
     Source.__name__ = Source.__qualname__ = reader_name
@@ -398,7 +407,7 @@ class Shakespeare:
     def load(params: Params) -> SourceData:
         from raylf.data.manifest import load_manifest
 
-        folder = _require("shakespeare", params.root)
+        folder, origin = _locate("shakespeare", params.root)
         path = next(iter(sorted(folder.rglob("100.txt"))), None)
         if path is None:
             from raylf.data.manifest import DatasetError
@@ -408,7 +417,7 @@ class Shakespeare:
         roles = text.parse_roles(path.read_text(encoding="utf-8", errors="replace"))
         corpus = text.Corpus.build(list(roles.values()), vocab, params.seq_len)
         return SourceData(corpus.windows, corpus.targets, len(vocab), vocab,
-                          owners=corpus.owners)
+                          owners=corpus.owners, origin=origin)
 
 
 @SOURCES.register("npz")
@@ -455,6 +464,21 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> SourceData:
                              f"got {value.dtype} of shape {value.shape}")
         if value.min() < 0:
             raise ValueError(f"dataset.path: {key} in {where} has negative labels")
+        if len(np.unique(value)) < 2:
+            raise ValueError(f"dataset.path: {key} in {where} has one class only "
+                             f"({int(value[0])}); a classification task needs at least two")
+    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+        raise ValueError(f"dataset.path: x in {where} must hold numbers; got {x.dtype}")
+    if np.issubdtype(x.dtype, np.floating):
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if bad.any():
+            raise ValueError(
+                f"dataset.path: x in {where} holds NaN or infinite values in {int(bad.sum())} "
+                f"sample(s) (first: index {int(np.argmax(bad))}); remove or impute them before "
+                "training: a model cannot learn from them and the run would only diverge")
+    if len(x) and (x == x.flat[0]).all():
+        raise ValueError(f"dataset.path: x in {where} is one constant value in every sample; "
+                         "there is nothing to learn from it")
     client_of, split_of = _given_partition(arrays, len(x), where)
     raw_scale = 255.0 if x.dtype == np.uint8 else 1.0
     x = x[:, None] if x.ndim == 3 else x.transpose(0, 3, 1, 2) if x.ndim == 4 else x
@@ -462,7 +486,7 @@ def from_arrays(arrays: dict[str, np.ndarray], where: str) -> SourceData:
     tasks = {k[2:]: v.astype(np.int64) for k, v in labels.items() if k != "y"}
     return SourceData(_unit(x), y.astype(np.int64), num_classes,
                       [str(c) for c in range(num_classes)], tasks, client_of=client_of,
-                      split_of=split_of, raw_scale=raw_scale)
+                      split_of=split_of, raw_scale=raw_scale, origin="user")
 
 
 def _given_partition(arrays: dict[str, np.ndarray], n: int, where: str
@@ -497,9 +521,8 @@ def _given_partition(arrays: dict[str, np.ndarray], n: int, where: str
     return client.astype(np.int64), codes
 
 
-def _medimeta_source(name: str, tasks: dict[str, str], doc: str) -> None:
-    """Register a MedIMeta dataset; ``tasks`` maps raylf's task keys (``binary``,
-    ``multiclass``: the keys FMT-SVM reads) to MedIMeta's task names."""
+def _medimeta_source(name: str, doc: str) -> None:
+    """Register a MedIMeta dataset (its tasks: ``raylf.data.medimeta.DATASETS``)."""
 
     class Source:
         class Params(CachedParams):
@@ -510,22 +533,21 @@ def _medimeta_source(name: str, tasks: dict[str, str], doc: str) -> None:
             from raylf.data import medimeta
             from raylf.data.manifest import load_manifest
 
-            x, labels = medimeta.load(_require(name, params.root), tasks, params.size)
+            folder, origin = _locate(name, params.root)
+            x, labels = medimeta.load(folder, medimeta.DATASETS[name][1], params.size)
             classes = list(load_manifest(name).tasks.values())[1]  # the 3-class task
             return SourceData(x, labels["multiclass"], len(classes), classes, labels,
-                              raw_scale=255.0)
+                              raw_scale=255.0, origin=origin)
 
     Source.__doc__ = doc
     Source.__name__ = Source.__qualname__ = name.title().replace("_", "")
     SOURCES.register(name)(Source)
 
 
-_medimeta_source("pneumonia", {"binary": "pneumonia presence", "multiclass": "disease class"},
-                 "MedIMeta pediatric pneumonia X-rays: binary normal/pneumonia and 3-class "
-                 "normal/bacteria/virus (the main label); grey, resized to 64×64.")
-_medimeta_source("breast_ultrasound", {"binary": "malignancy", "multiclass": "case category"},
-                 "MedIMeta breast ultrasound: binary malignancy and 3-class normal/benign/"
-                 "malignant (the main label); grey, resized to 64×64.")
+_medimeta_source("pneumonia", "MedIMeta pediatric pneumonia X-rays: binary normal/pneumonia "
+                 "and 3-class normal/bacteria/virus (the main label); grey, resized to 64×64.")
+_medimeta_source("breast_ultrasound", "MedIMeta breast ultrasound: binary malignancy and "
+                 "3-class normal/benign/malignant (the main label); grey, resized to 64×64.")
 
 
 def load_source(name: str, params: BaseModel) -> SourceData:
