@@ -1,15 +1,15 @@
 """Arrow result tables: one Parquet file per trial and table, written atomically.
 
 Layout: ``<root>/tables/{trials,rounds,clients}/<trial_id>.parquet``. ``root`` is a local path or
-any URI pyarrow's filesystem layer understands (``s3://…``), so the same code writes to a laptop
-disk, NFS or object storage. A re-run trial overwrites its own files, never another's.
+any URI pyarrow's filesystem layer understands (``s3://…``; :mod:`raylf.storage`), so the same
+code writes to a laptop disk, NFS or object storage. A re-run trial overwrites its own files,
+never another's.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 import raylf
+from raylf.storage import filesystem, publish
 
 TABLES = ("trials", "rounds", "clients")
 
@@ -41,14 +42,9 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "warning": _STR, "majority_rate": _FLOAT, "dead_relu_fraction": _FLOAT,
     # the input normalization applied (raylf.data.normalize): JSON per-channel lists, origin
     "normalize": _STR, "normalize_mean": _STR, "normalize_std": _STR, "normalize_from": _STR,
+    # where the data come from (SourceData.origin: real, standin, bundled, generated, user)
+    "data_origin": _STR,
 }
-
-
-def filesystem(root: str | Path) -> tuple[pafs.FileSystem, str]:
-    root = str(root)
-    if "://" in root:
-        return pafs.FileSystem.from_uri(root)
-    return pafs.LocalFileSystem(), str(Path(root).expanduser().resolve())
 
 
 @cache
@@ -90,14 +86,14 @@ def to_table(rows: list[dict[str, Any]], metadata: dict[str, str]) -> pa.Table:
 
 
 def write_table(root: str | Path, table_name: str, trial_id: str, table: pa.Table) -> str:
-    """Write to a temporary name, then move into place: readers never see half a file."""
+    """Serialize in memory, then publish whole: readers never see half a file."""
     fs, base = filesystem(root)
     folder = f"{base}/tables/{table_name}"
     fs.create_dir(folder, recursive=True)
     final = f"{folder}/{trial_id}.parquet"
-    tmp = f"{folder}/.{trial_id}.{uuid.uuid4().hex}.tmp"
-    pq.write_table(table, tmp, filesystem=fs)
-    fs.move(tmp, final)
+    buffer = pa.BufferOutputStream()
+    pq.write_table(table, buffer)
+    publish(fs, final, buffer.getvalue())
     return final
 
 
@@ -157,3 +153,52 @@ def load(root: str | Path) -> dict[str, pd.DataFrame]:
         table = read_table(root, name)
         out[name] = table.to_pandas() if table is not None else pd.DataFrame()
     return out
+
+
+COMPACT = "compact"
+
+
+def compact(root: str | Path) -> dict[str, str]:
+    """One Parquet file per table with the union schema of its per-trial files, at
+    ``<root>/compact/tables/<table>/<table>.parquet``: ``pl.read_parquet``,
+    ``duckdb.read_parquet`` and ``pd.read_parquet`` open it without options (the per-trial files
+    need a union by name, and duckdb refuses the column-less file of a trial without rows). The
+    per-trial files stay, for crash safety and resume; ``compact/`` is a results root of its own
+    (``load(root + "/compact")``), outside ``<root>/tables``, so nothing reading the per-trial
+    files reads a row twice. Rewritten whole, each file atomically, on every call: a snapshot of
+    the tables at that moment. Returns the written paths by table."""
+    written = {}
+    for name in table_names(root):
+        table = read_table(root, name)
+        if table is not None:
+            table = table.replace_schema_metadata(
+                {"raylf": raylf.__version__, "compacted_from": f"tables/{name}/"})
+            written[name] = write_table(f"{str(root).rstrip('/')}/{COMPACT}", name, name, table)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m raylf.results compact SWEEP_DIR``."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog="python -m raylf.results")
+    commands = parser.add_subparsers(dest="command", required=True)
+    command = commands.add_parser("compact", help=compact.__doc__.split(":")[0])
+    command.add_argument("sweep_dir", help="a sweep or experiment directory (path or URI)")
+    args = parser.parse_args(argv)
+    try:
+        written = compact(args.sweep_dir)
+    except (OSError, ValueError) as err:  # unreachable storage, a bad URI, clashing schemas
+        print(f"error: cannot compact {args.sweep_dir}: {err}", file=sys.stderr)
+        return 2
+    if not written:
+        print(f"error: no tables under {args.sweep_dir}/tables/", file=sys.stderr)
+        return 2
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -100,7 +100,21 @@ def test_bad_experiment_spec(tmp_path, capsys, changes, overrides, field, fix):
     ({"x": np.zeros((20, 4), np.float32)}, "lacks array(s) ['y']"),
     ({"x": np.zeros((20, 4), np.float32), "y": np.zeros(19, np.int64)},
      "must be 20 integer labels"),
-], ids=["npz-without-y", "npz-mismatched-lengths"])
+    ({"x": np.where(np.eye(20, 4) > 0, np.nan, 1.0).astype(np.float32),
+      "y": np.arange(20) % 2}, "holds NaN or infinite values in 4 sample(s) (first: index 0)"),
+    ({"x": np.full((20, 4), np.inf, np.float32), "y": np.arange(20) % 2},
+     "holds NaN or infinite values in 20 sample(s)"),
+    ({"x": np.ones((20, 4), np.float32), "y": np.arange(20) % 2},
+     "one constant value in every sample"),
+    ({"x": np.eye(20, 4, dtype=np.float32), "y": np.full(20, 3)}, "has one class only (3)"),
+    ({"x": np.eye(20, 4, dtype=np.float32), "y": np.arange(20) % 2,
+      "y_second": np.zeros(20, np.int64)}, "y_second in"),  # the task is named
+    ({"x": np.eye(20, 4, dtype=np.float32), "y": np.arange(20) % 2.0},
+     "must be 20 integer labels"),
+    ({"x": np.array([["a"] * 4] * 20), "y": np.arange(20) % 2}, "must hold numbers; got <U1"),
+], ids=["npz-without-y", "npz-mismatched-lengths", "npz-nan-features", "npz-inf-features",
+        "npz-constant-features", "npz-one-class", "npz-task-with-one-class", "npz-float-labels",
+        "npz-text-features"])
 def test_bad_own_data(tmp_path, capsys, arrays, fix):
     spec = experiment_file(tmp_path, dataset={"name": "npz", "path": npz(tmp_path, **arrays)})
     code = run.main([str(spec), "--out", str(tmp_path / "out"), "--backend", "local"])

@@ -28,4 +28,5 @@ def test_methods_on_different_data_are_ranked_only_within_their_setting(tmp_path
     assert "ranked within each setting" in text
     first, second = text.split("setting: digits_multitask")
     assert "| 1 | hdcfl" in first and "| 2 | local" in first and "| 3 | fedavg" in first
-    assert "| 1 | fmtsvm" in second  # its own ranking, not third behind the digits methods
+    # alone in its setting: not ranked at all (not third behind the digits methods, nor first)
+    assert "| - | fmtsvm" in second and "alone in its setting" in second

@@ -3,14 +3,17 @@
 ``python -m raylf.report SWEEP_DIR [--out DIR] [--format md|html|latex]``. The sections follow
 the seeds' result tables (HDC-FL's mean ± std per setting with average ranks and its tail
 table, SP-CACW's maximum over rounds, FMT-SVM's per-task, communication and privacy tables);
-each appears when the sweep's tables hold its columns.
+each appears when the sweep's tables hold its columns. Before them, what would make a number
+misleading: a banner when a setting ran on stand-in data, and the degenerate results
+(``raylf.guards``); after accuracy, the paired statistics and ranks across settings
+(``raylf.stats``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from raylf import results
+from raylf import guards, results
 from raylf.report import figures, tables
 from raylf.report.data import Sweep, load
 from raylf.report.render import FORMATS, RENDERERS, Report, Section
@@ -35,9 +38,13 @@ def build(sweep: Sweep) -> Report:
         return Section(title, [t for t in made_tables if t is not None],
                        [plots[n] for n in plot_names if n in plots], text)
 
+    paired = tables.paired_statistics(sweep)
     sections = [
+        section("Checks", [tables.checks(sweep)]),
         section("Accuracy", [tables.main_table(sweep), tables.leaderboard(sweep)],
                 ["learning_curves", "client_distributions"]),
+        section("Paired statistics and ranks across settings", [paired],
+                ["critical_difference"], tables.rank_summary(sweep) if paired else ""),
         section("Client-level tail", tables.tail_tables(sweep)),
         section("Maximum over rounds", [tables.max_over_rounds(sweep)]),
         section("Tasks", [tables.per_task(sweep)]),
@@ -50,7 +57,17 @@ def build(sweep: Sweep) -> Report:
                 if (sweep.trials["status"] != "ok").any() else []),
     ]
     return Report(f"raylf report: {Path(str(sweep.root)).name}", _summary(sweep),
-                  [s for s in sections if s.tables or s.plots])
+                  [s for s in sections if s.tables or s.plots], _banner(sweep))
+
+
+def _banner(sweep: Sweep) -> list[str]:
+    """What the reader must see before any number."""
+    banner = [guards.standin_banner(sweep.standin)] if sweep.standin else []
+    flagged = len(sweep.flags())
+    if flagged:
+        banner.append(f"{flagged} degenerate result(s) flagged: see Checks (marked "
+                      f"{tables.FLAGGED} in the tables).")
+    return banner
 
 
 def write_report(root: str, out: str | None = None,

@@ -1,4 +1,6 @@
-"""``python -m raylf.report SWEEP_DIR [--out DIR] [--format md|html|latex]``."""
+"""``python -m raylf.report SWEEP_DIR [--out DIR] [--format md|html|latex]``.
+
+Exit codes: 0 written, 2 no sweep at SWEEP_DIR (nothing written), 1 the storage failed."""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         written = write_report(args.sweep_dir, args.out, (args.format,))
-    except (ValueError, OSError) as err:
+    except (ValueError, FileNotFoundError) as err:  # no sweep there: the user's mistake
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # storage that did not answer: run it again once it does
         print(f"error: {err}", file=sys.stderr)
         return 1
     if args.format == "md":

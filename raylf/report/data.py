@@ -1,24 +1,26 @@
 """A sweep's result tables with the labels a report groups by.
 
 A *setting* is what the papers put in a table's columns (dataset × scenario × model, plus any
-dataset, scenario, model or federation field the sweep varies); a *configuration* is a method with
-the method parameters the sweep varies for it. Seeds are the replicates averaged within both.
+dataset, scenario, model or federation field the sweep varies; marked when it ran on stand-in
+data); a *configuration* is a method with the method parameters the sweep varies for it
+(``raylf.labels``). Seeds are the replicates averaged within both.
 Multi-task trials have no plain ``acc_mean``: their headline is the mean over the tasks'
 ``acc_mean_<task>`` (the rule the sweep's leaderboard ranks by).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from raylf import results
+from raylf import guards, results, stats
+from raylf.labels import config_labels, setting_labels
 
-SETTING_FIELDS = ("dataset.", "scenario.", "model.", "federation.", "eval_every")
-METHOD_FIELDS = "method.params."
-NOT_SETTINGS = ("dataset.name", "scenario.name", "model.name", "federation.divergence_loss")
+# the per-client figure behind a trial-level one, with the trials column naming its round
+# (None: the last evaluated round); any other figure is compared per seed
+PER_CLIENT = {"score": None, "score_at_val": "val_round"}
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Sweep:
     clients: pd.DataFrame
     extra: dict[str, pd.DataFrame]
     tasks: list[str]
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -41,6 +44,42 @@ class Sweep:
     @property
     def settings(self) -> list[str]:
         return list(dict.fromkeys(self.trials["setting"]))
+
+    @property
+    def standin(self) -> list[str]:
+        """Settings that ran, in some trial, on stand-in data."""
+        return [s for s in self.settings if s.endswith(guards.STANDIN_MARK)]
+
+    def paired_values(self, value: str = "score") -> pd.DataFrame:
+        """``raylf.stats.paired_values`` of the ok trials, configurations as the entries: per
+        client for the headline (final or at the validation-selected round), else per seed."""
+        ok = self.ok.assign(entry=self.ok["config"]).dropna(subset=[value])
+        if value not in PER_CLIENT:
+            return stats.paired_values(ok, value)
+        round_column = PER_CLIENT[value]
+        at = ok.set_index("trial_id")[round_column] if round_column else None
+        clients = self.clients
+        if "status" in clients:
+            clients = clients[clients["status"] == "ok"]
+        return stats.paired_values(ok, value, stats.client_accuracy(clients, at))
+
+    def versus(self, value: str = "score", higher_is_better: bool = True) -> pd.DataFrame:
+        """``raylf.stats.versus`` per (setting, configuration) on the seed mean of ``value``,
+        computed once per figure (several tables mark from it)."""
+        key = (value, higher_is_better)
+        if key not in self._cache:
+            means = self.ok.groupby(["setting", "config"], sort=False)[value].mean()
+            self._cache[key] = stats.versus(self.paired_values(value), means,
+                                             higher_is_better)
+        return self._cache[key]
+
+    def flags(self) -> pd.Series:
+        """Degenerate-result flags (``raylf.guards``) by (setting, configuration), once."""
+        if "flags" not in self._cache:
+            ok = self.ok.assign(entry=self.ok["config"])
+            self._cache["flags"] = guards.flags(ok, self.paired_values("score"), self.rounds,
+                                                 self.extra.get("alpha"))
+        return self._cache["flags"]
 
     def deployables(self, method: str | None = None) -> list[str]:
         """In the order clients report them (of one method, or all)."""
@@ -68,7 +107,8 @@ def load(root: str | Path) -> Sweep:
         raise ValueError(f"no trials under {root}/tables/trials/")
     rounds, clients = tables.pop("rounds"), tables.pop("clients")
     tasks = sorted(set(clients.get("task", pd.Series(dtype=str)).dropna()) - {"main"})
-    trials = trials.assign(setting=setting_labels(trials), config=config_labels(trials))
+    trials = trials.assign(setting=guards.mark_standin(trials, setting_labels(trials)),
+                           config=config_labels(trials))
     trials["score"] = headline(trials, "acc_mean", tasks)
     labels = trials[["trial_id", "setting", "config", "method", "seed", "status"]]
     if not rounds.empty:
@@ -106,56 +146,3 @@ def headline(frame: pd.DataFrame, metric: str, tasks: list[str]) -> pd.Series:
     if not per_task:
         return plain.astype(float)
     return plain.astype(float).fillna(frame[per_task].astype(float).mean(axis=1))
-
-
-def _varied(frame: pd.DataFrame, columns: list[str]) -> list[str]:
-    return [c for c in columns if frame[c].map(str).nunique() > 1]
-
-
-def _short(columns: list[str]) -> dict[str, str]:
-    """The last dotted part, or the part after ``method.params.`` when the last is ambiguous."""
-    last = [c.rsplit(".", 1)[-1] for c in columns]
-    return {c: (s if last.count(s) == 1 else c.removeprefix(METHOD_FIELDS))
-            for c, s in zip(columns, last)}
-
-
-def _assignments(row: pd.Series, columns: dict[str, str]) -> str:
-    return ", ".join(f"{name}={_value(row[c])}" for c, name in columns.items()
-                     if not _missing(row[c]))
-
-
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and pd.isna(value))
-
-
-def _value(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def setting_labels(trials: pd.DataFrame) -> pd.Series:
-    """``dataset · scenario · model``, with the setting fields varied among the trials of that
-    triple, e.g. ``(k=3)``."""
-    base = trials["dataset"].astype(str) + " · " + trials["scenario"].astype(str) + " · " + \
-        trials["model"].astype(str)
-    labels = base.copy()
-    fields = [c for c in trials if c.startswith(SETTING_FIELDS) and c not in NOT_SETTINGS]
-    for triple, group in trials.groupby(base, sort=False):
-        varied = _varied(group, [c for c in fields if group[c].notna().any()])
-        if varied:
-            names = _short(varied)
-            assigned = group.apply(lambda row, n=names: _assignments(row, n), axis=1)
-            labels[group.index] = [f"{triple} ({a})" if a else triple for a in assigned]
-    return labels
-
-
-def config_labels(trials: pd.DataFrame) -> pd.Series:
-    """The method, with the method parameters varied among its own trials: ``fedprox(mu=0.1)``."""
-    labels = trials["method"].astype(str).copy()
-    params = [c for c in trials if c.startswith(METHOD_FIELDS)]
-    for method, group in trials.groupby("method", sort=False):
-        varied = _varied(group, [c for c in params if group[c].notna().any()])
-        if varied:
-            names = _short(varied)
-            assigned = group.apply(lambda row, n=names: _assignments(row, n), axis=1)
-            labels[group.index] = [f"{method}({a})" if a else method for a in assigned]
-    return labels

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from raylf.report.data import Sweep
 from raylf.report.tables import alpha_support
+from raylf.stats import ALPHA, rank_test
 
 DIAGNOSTIC = re.compile(r"^(silhouette.*|ari_.+|.*entropy.*|.*gain.*)$")
 DPI = 80
@@ -190,8 +191,55 @@ def alpha_support_over_rounds(sweep: Sweep) -> Plot | None:
                 "(mean over targets and seeds, band ±1 std).", _png(fig))
 
 
+def critical_difference(sweep: Sweep) -> Plot | None:
+    """Demšar's critical-difference diagram: average ranks over the settings the
+    configurations share on an axis (best left), a bar joining every run of configurations
+    closer than Nemenyi's critical difference (not shown to differ)."""
+    means = sweep.ok.groupby(["config", "setting"], sort=False)["score"].mean().unstack("setting")
+    test = rank_test(means)
+    if test is None:
+        return None
+    names, ranks = list(test.ranks.index), test.ranks.to_numpy()
+    k = len(names)
+    span = (k - 1) / 0.4  # the axis takes the middle 40 % of the width, labels the sides
+    low, high = 1 - 0.3 * span, k + 0.3 * span
+    half = math.ceil(k / 2)
+    fig = Figure(figsize=(9.0, 1.6 + 0.3 * half), dpi=DPI)
+    ax = fig.subplots()
+    ax.set_axis_off()
+    ax.set_xlim(low, high)
+    ax.set_ylim(-(half + 1) * 0.3, 0.6)
+    ax.plot([1, k], [0, 0], color="black", linewidth=1)
+    for tick in range(1, k + 1):
+        ax.plot([tick, tick], [0, 0.06], color="black", linewidth=1)
+        ax.text(tick, 0.1, str(tick), ha="center", va="bottom", fontsize=8)
+    ax.plot([1, 1 + test.cd], [0.45, 0.45], color="black", linewidth=1.5)
+    ax.text(1 + test.cd / 2, 0.5, f"CD = {test.cd:.2f}", ha="center", va="bottom", fontsize=8)
+    for i, (name, rank) in enumerate(zip(names, ranks)):
+        left = i < half
+        y = -0.3 * ((i if left else k - 1 - i) + 1)
+        end = 1 - 0.05 * span if left else k + 0.05 * span
+        ax.plot([rank, rank, end], [0, y, y], color="black", linewidth=0.8)
+        ax.text(end + (-0.02 if left else 0.02) * span, y, f"{name} ({rank:.2f})",
+                ha="right" if left else "left", va="center", fontsize=8)
+    runs: list[tuple[int, int]] = []
+    for i in range(k):
+        j = max(j for j in range(i, k) if ranks[j] - ranks[i] < test.cd)
+        if j > i and not any(a <= i and j <= b for a, b in runs):
+            runs.append((i, j))
+    for level, (i, j) in enumerate(runs):
+        y = -0.08 - 0.06 * level
+        ax.plot([ranks[i] - 0.03, ranks[j] + 0.03], [y, y], color="black", linewidth=3)
+    ax.set_title(f"average rank over {len(test.settings)} settings; Friedman χ² = "
+                 f"{test.statistic:.2f}, p = {test.p:.2g}", fontsize=9)
+    return Plot("critical_difference", "Critical-difference diagram: average rank of the final "
+                f"mean client accuracy over the {len(test.settings)} settings the "
+                f"{k} configurations share (1 = best); a bar joins configurations closer than "
+                f"Nemenyi's critical difference at α = {ALPHA}.", _png(fig))
+
+
 FIGURES = (learning_curves, client_distributions, grouping_diagnostics, bytes_per_round,
-           accuracy_vs_epsilon, alpha_support_over_rounds)
+           accuracy_vs_epsilon, alpha_support_over_rounds, critical_difference)
 
 
 def all_figures(sweep: Sweep) -> list[Plot]:

@@ -30,6 +30,7 @@ class Report:
     title: str
     summary: str
     sections: list[Section]
+    banner: list[str] = field(default_factory=list)  # warnings shown above everything else
 
 
 def _rows(table: Table, mark) -> list[list[str]]:
@@ -49,7 +50,7 @@ def markdown_table(table: Table) -> str:
 
 
 def markdown(report: Report) -> str:
-    parts = [f"# {report.title}", report.summary]
+    parts = [f"# {report.title}", *[f"> **{line}**" for line in report.banner], report.summary]
     for section in report.sections:
         parts.append(f"## {section.title}")
         if section.text:
@@ -65,6 +66,7 @@ table{border-collapse:collapse;margin:.5em 0 1.5em;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right;white-space:nowrap}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
 p.note{color:#555;font-size:.9em;max-width:60em}figure{margin:1em 0}
+p.banner{background:#fdd;border:2px solid #c00;padding:.6em;font-weight:bold}
 figcaption{color:#555;font-size:.9em}img{max-width:100%}.scroll{overflow-x:auto}"""
 
 
@@ -81,7 +83,9 @@ def html_table(table: Table) -> str:
 
 
 def html_page(report: Report) -> str:
-    parts = [f"<h1>{html.escape(report.title)}</h1>", f"<p>{html.escape(report.summary)}</p>"]
+    parts = [f"<h1>{html.escape(report.title)}</h1>",
+             *[f"<p class='banner'>{html.escape(line)}</p>" for line in report.banner],
+             f"<p>{html.escape(report.summary)}</p>"]
     for section in report.sections:
         parts.append(f"<h2>{html.escape(section.title)}</h2>")
         if section.text:
@@ -104,7 +108,9 @@ LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", 
                  "^": r"\textasciicircum{}", "±": r"$\pm$", "↓": r"$\downarrow$",
                  "ε": r"$\varepsilon$", "σ": r"$\sigma$", "δ": r"$\delta$", "α": r"$\alpha$",
                  "∞": r"$\infty$", "†": r"$^\dagger$", "·": r"$\cdot$", "<": r"$<$",
-                 ">": r"$>$"}
+                 ">": r"$>$", "‡": r"$^\ddagger$", "≥": r"$\geq$", "≈": r"$\approx$",
+                 "Δ": r"$\Delta$", "ξ": r"$\xi$", "χ": r"$\chi$", "²": r"$^2$",
+                 "×": r"$\times$", "−": "-"}
 LATEX_PATTERN = re.compile("|".join(re.escape(k) for k in LATEX_SPECIAL))
 
 
@@ -128,7 +134,9 @@ def latex_table(table: Table) -> str:
 def latex(report: Report) -> str:
     parts = [r"\documentclass{article}", r"\usepackage{booktabs,graphicx}",
              r"\usepackage[margin=2cm,landscape]{geometry}", r"\begin{document}",
-             rf"\section*{{{latex_escape(report.title)}}}", latex_escape(report.summary)]
+             rf"\section*{{{latex_escape(report.title)}}}",
+             *[rf"\fbox{{\parbox{{\linewidth}}{{\textbf{{{latex_escape(line)}}}}}}}"
+               for line in report.banner], latex_escape(report.summary)]
     for section in report.sections:
         parts.append(rf"\subsection*{{{latex_escape(section.title)}}}")
         if section.text:

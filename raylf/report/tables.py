@@ -1,9 +1,13 @@
 """The papers' tables, computed from a ``Sweep``: numbers formatted, best and second marked.
 
 Every mean and rank is over ``ok`` trials only; a configuration with fewer ok seeds than it
-started carries a dagger and the trials that did not finish are listed on their own. A
-function returns None when the columns its table needs are absent, so a table appears as soon
-as a method writes them.
+started carries a dagger and the trials that did not finish are listed on their own. Marks and
+ranks are within a setting and need a second configuration there: in the accuracy tables bold
+is the best and every configuration the paired test cannot tell from it (``raylf.stats``), and
+ranks and macro averages across settings are taken only over configurations that share the
+settings (never a rank of 1 by absence). A degenerate result (``raylf.guards``) carries a double
+dagger. A function returns None when the columns its table needs are absent, so a table appears
+as soon as a method writes them.
 """
 
 from __future__ import annotations
@@ -12,10 +16,13 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from raylf.guards import NOISE
 from raylf.leaderboard import STATUSES
 from raylf.report.data import Sweep, headline
+from raylf.stats import ALPHA, PAPER_METHODS, RESAMPLES, average_ranks, rank_test, shared_block
 
 DAGGER = "†"
+FLAGGED = "‡"
 
 
 @dataclass
@@ -48,6 +55,57 @@ def rank_marks(values: pd.Series, higher_is_better: bool = True) -> pd.Series:
     return dense.map({1.0: "best", 2.0: "second"}).fillna("")
 
 
+def setting_marks(values: pd.Series, higher_is_better: bool = True) -> pd.Series:
+    """:func:`rank_marks` within each setting (the last index level, or the level named
+    ``setting``), none in a setting with a single entry: nothing to be best against."""
+    level = "setting" if "setting" in values.index.names else values.index.nlevels - 1
+    marks = pd.Series("", index=values.index)
+    for _, here in values.groupby(level=level, sort=False):
+        if here.notna().sum() >= 2:
+            marks[here.index] = rank_marks(here, higher_is_better)
+    return marks
+
+
+def paired_marks(means: pd.Series, tied: pd.Series, higher_is_better: bool = True) -> pd.Series:
+    """Within one setting (``means`` by configuration): ``best`` on the best mean and on every
+    configuration the paired test cannot tell from it (``tied``), ``second`` on the best of the
+    others; nothing when a configuration is alone."""
+    means = means.dropna()
+    marks = pd.Series("", index=means.index)
+    if len(means) < 2:
+        return marks
+    top = tied.reindex(means.index).fillna(False).astype(bool)
+    top[means.idxmax() if higher_is_better else means.idxmin()] = True
+    marks[top] = "best"
+    rest = means[~top]
+    if len(rest):
+        marks[rest.index[rank_marks(rest, higher_is_better) == "best"]] = "second"
+    return marks
+
+
+TIE_NOTE = (f"Bold: per setting, the best and every configuration a paired test cannot tell "
+            f"from it (Wilcoxon signed-rank, p ≥ {ALPHA}, uncorrected, paired by seed and client, "
+            "by seed for a per-trial figure; see Paired statistics); underlined: the best of the "
+            "others.")
+
+
+def _flag_note(sweep: Sweep) -> str:
+    return f" {FLAGGED}: degenerate result (see Checks)." if len(sweep.flags()) else ""
+
+
+def _rank_note(settings: list, block: list, everyone: list) -> str:
+    """Which configurations the ranks are over, and why the others have none."""
+    if not block:
+        return " No two configurations share a setting: nothing is ranked."
+    where = (f"within each of the {len(settings)} settings {', '.join(settings)} "
+             if len(settings) > 1 else f"within {settings[0]} ")
+    left = [c for c in everyone if c not in block]
+    return (f" Rank: {where}among the configurations that ran in all of them"
+            + (", averaged over those settings" if len(settings) > 1 else "")
+            + (f"; '-': not ranked ({', '.join(left)} do not share these settings)"
+               if left else "") + ".")
+
+
 def seed_stats(trials: pd.DataFrame, value: str, by: list[str]) -> pd.DataFrame:
     """Mean, sample std and count over seeds of ``value`` per group of ``by``."""
     return trials.groupby(by, sort=False)[value].agg(["mean", "std", "count"])
@@ -61,8 +119,9 @@ def _incomplete(sweep: Sweep, by: list[str]) -> pd.Series:
 
 def per_setting(sweep: Sweep, value: str, title: str, note: str,
                 higher_is_better: bool = True) -> Table | None:
-    """Configurations × settings, mean ± std over seeds, average rank over settings (seed 000
-    Table 1: ranked within each setting, then averaged; bold best, underline second)."""
+    """Configurations × settings, mean ± std over seeds, average rank over the settings the
+    ranked configurations share (seed 000 Table 1: ranked within each setting, then averaged);
+    bold the best and those tied with it by the paired test, underline the best of the rest."""
     ok = sweep.ok.dropna(subset=[value])
     if ok.empty:
         return None
@@ -71,21 +130,27 @@ def per_setting(sweep: Sweep, value: str, title: str, note: str,
     stds = stats["std"].unstack("setting")
     settings = [s for s in sweep.settings if s in means]
     means, stds = means[settings], stds[settings]
-    ranks = means.rank(ascending=not higher_is_better, method="average")
-    order = ranks.mean(axis=1).sort_values().index
+    ranked_settings, block = shared_block(means.notna())
+    ranks = average_ranks(means.loc[block, ranked_settings], higher_is_better).sort_values()
+    order = [*ranks.index, *[c for c in means.index if c not in ranks.index]]
     incomplete = _incomplete(sweep, ["config", "setting"])
+    flagged = set(sweep.flags().index)
+    tied = sweep.versus(value, higher_is_better)["tied"]
     cells = pd.DataFrame(index=order)
     marks = pd.DataFrame(index=order)
     for setting in settings:
         cells[setting] = [percent(means.at[c, setting], stds.at[c, setting])
                           + (DAGGER if incomplete.get((c, setting), False) else "")
-                          for c in order]
-        marks[setting] = rank_marks(means[setting], higher_is_better).reindex(order)
-    if cells.map(lambda text: text.endswith(DAGGER)).any().any():
+                          + (FLAGGED if (setting, c) in flagged else "") for c in order]
+        marks[setting] = paired_marks(means[setting], tied.get(setting, pd.Series(dtype=bool)),
+                                      higher_is_better).reindex(order)
+    if cells.map(lambda text: DAGGER in text).any().any():
         note += f" {DAGGER}: some seeds did not finish (see the failed-trials section)."
-    rank_column = "Avg. rank ↓" if len(settings) > 1 else "Rank ↓"
-    cells[rank_column] = [number(r) for r in ranks.mean(axis=1)[order]]
-    marks[rank_column] = rank_marks(ranks.mean(axis=1), higher_is_better=False)[order]
+    note += " " + TIE_NOTE + _rank_note(ranked_settings, block, order) + _flag_note(sweep)
+    if block:
+        rank_column = "Avg. rank ↓" if len(ranked_settings) > 1 else "Rank ↓"
+        cells[rank_column] = [number(ranks.get(c, float("nan"))) for c in order]
+        marks[rank_column] = rank_marks(ranks, higher_is_better=False).reindex(order)
     return _labelled(Table(title, note, cells, marks.fillna("")), "Method")
 
 
@@ -105,9 +170,7 @@ def trial_metric(sweep: Sweep, metric: str) -> pd.Series:
 def main_table(sweep: Sweep) -> Table | None:
     return per_setting(
         sweep, "score", "Mean client test accuracy (%), final round",
-        "Mean ± sample standard deviation over seeds. The rank is computed within each setting "
-        "and averaged over the settings. Bold: best, underlined: second per setting."
-        + _task_note(sweep))
+        "Mean ± sample standard deviation over seeds." + _task_note(sweep))
 
 
 def _task_note(sweep: Sweep) -> str:
@@ -120,40 +183,58 @@ TAIL_COLUMNS = {"acc_mean": "Mean", "acc_worst": "Worst", "acc_bottom20": "Bot.2
 
 
 def tail_tables(sweep: Sweep) -> list[Table]:
-    """The macro-averaged tail table (seed 000 Table 2) and, with several settings, worst,
-    bottom-20 % and gap per setting (Tables 7–9)."""
+    """The macro-averaged tail table (seed 000 Table 2), over the settings the ranked
+    configurations share, and, with several settings, worst, bottom-20 % and gap per setting
+    (Tables 7–9)."""
     trials = sweep.trials.assign(**{f"tail_{m}": trial_metric(sweep, m) for m in TAIL_COLUMNS})
     ok = trials[trials["status"] == "ok"].dropna(subset=[f"tail_{m}" for m in TAIL_COLUMNS])
     if ok.empty:
         return []
     seed_means = ok.groupby(["config", "setting"])[[f"tail_{m}" for m in TAIL_COLUMNS]].mean()
+    settings, block = shared_block(seed_means["tail_acc_mean"].unstack("setting").notna())
+    everyone = list(dict.fromkeys(seed_means.index.get_level_values("config")))
+    if block:
+        seed_means = seed_means[seed_means.index.isin(block, level="config")
+                                & seed_means.index.isin(settings, level="setting")]
     macro = seed_means.groupby("config").mean()
-    tail_ranks = pd.concat([
-        seed_means["tail_acc_worst"].groupby("setting").rank(ascending=False),
-        seed_means["tail_acc_bottom20"].groupby("setting").rank(ascending=False),
-        seed_means["tail_acc_gap"].groupby("setting").rank(ascending=True),
-    ], axis=1).mean(axis=1).groupby("config").mean()
-    order = tail_ranks.sort_values().index
+    order = pd.Index(everyone)
+    if block:
+        tail_ranks = pd.concat([
+            seed_means["tail_acc_worst"].groupby("setting").rank(ascending=False),
+            seed_means["tail_acc_bottom20"].groupby("setting").rank(ascending=False),
+            seed_means["tail_acc_gap"].groupby("setting").rank(ascending=True),
+        ], axis=1).mean(axis=1).groupby("config").mean()
+        order = tail_ranks.sort_values().index
     cells, marks = pd.DataFrame(index=order), pd.DataFrame(index=order)
     for metric, label in TAIL_COLUMNS.items():
         cells[label] = [percent(v) for v in macro.loc[order, f"tail_{metric}"]]
-        marks[label] = rank_marks(macro[f"tail_{metric}"], metric != "acc_gap")[order]
-    cells["Tail rank ↓"] = [number(v) for v in tail_ranks[order]]
-    marks["Tail rank ↓"] = rank_marks(tail_ranks, higher_is_better=False)[order]
-    tables = [_labelled(Table(
-        "Client-level results (%), macro-averaged over settings",
-        "Per setting the seed mean, then the unweighted mean over settings. Tail rank: the "
-        "rank on worst, bottom-20 % (higher better) and gap (lower better) within each setting, "
-        "averaged over the three and over settings." + _task_note(sweep), cells, marks),
-        "Method")]
+        marks[label] = rank_marks(macro[f"tail_{metric}"], metric != "acc_gap")[order] \
+            if block else ""
+    if block:
+        cells["Tail rank ↓"] = [number(v) for v in tail_ranks[order]]
+        marks["Tail rank ↓"] = rank_marks(tail_ranks, higher_is_better=False)[order]
+        over = (f"the {len(settings)} settings {', '.join(settings)}, which "
+                f"{', '.join(block)} all ran" + (
+                    f" (not shown: {', '.join(c for c in everyone if c not in block)}, which "
+                    "do not share them; see the per-setting tables)"
+                    if len(block) < len(everyone) else ""))
+        how = ("Per setting the seed mean, then the unweighted mean over " + over + ". Tail "
+               "rank: the rank on worst, bottom-20 % (higher better) and gap (lower better) "
+               "within each setting, averaged over the three and over settings.")
+    else:
+        how = ("Per setting the seed mean, then the unweighted mean over each configuration's "
+               "own settings. No two configurations share a setting: nothing is ranked.")
+    tables = [_labelled(Table("Client-level results (%), macro-averaged over settings",
+                              how + _task_note(sweep), cells, marks), "Method")]
     if len(sweep.settings) > 1:
         sweep_with_tails = Sweep(sweep.root, trials, sweep.rounds, sweep.clients, sweep.extra,
-                                 sweep.tasks)
+                                 sweep.tasks, _cache=sweep._cache)  # its flags are the same
         for metric in ("acc_worst", "acc_bottom20", "acc_gap"):
             table = per_setting(sweep_with_tails, f"tail_{metric}",
                                 f"{TAIL_COLUMNS[metric]} client test accuracy (%) per setting",
                                 "Mean ± sample std over seeds; ranked within each setting "
-                                f"({'lower' if metric == 'acc_gap' else 'higher'} is better).",
+                                f"({'lower' if metric == 'acc_gap' else 'higher'} is better); "
+                                "one figure per trial, so the paired test pairs by seed only.",
                                 higher_is_better=metric != "acc_gap")
             tables.append(table)
     return tables
@@ -177,18 +258,21 @@ def max_over_rounds(sweep: Sweep) -> Table | None:
         "Seeds": [str(int(best.at[i, "count"])) for i in order],
     }, index=pd.MultiIndex.from_tuples(order, names=["config", "setting"]))
     marks = pd.DataFrame("", index=cells.index, columns=cells.columns)
-    marks["Max over rounds (test-selected)"] = rank_marks(best["mean"])[order].values
-    marks["Final"] = rank_marks(final["mean"])[order].values
+    marks["Max over rounds (test-selected)"] = setting_marks(best["mean"])[order].values
+    marks["Final"] = setting_marks(final["mean"])[order].values
     return _labelled(Table(
         "Maximum over rounds vs final mean accuracy (%)",
         "Per seed the highest mean accuracy over the evaluated rounds (test-selected: an "
-        "optimistic figure, the way SP-CACW reports it), then mean ± sample std over seeds.",
+        "optimistic figure, the way SP-CACW reports it), then mean ± sample std over seeds; "
+        "bold: best, underlined: second within a setting.",
         cells, marks), "Method", "Setting")
 
 
 def leaderboard(sweep: Sweep) -> Table | None:
-    """Configurations ranked by the test accuracy at the validation-selected round where the
-    rounds have a validation split, else by the final round; never by a test-selected round."""
+    """Configurations ranked within each setting by the test accuracy at the
+    validation-selected round where the rounds have a validation split, else by the final
+    round; never by a test-selected round. Ties with the best from the paired test on that
+    figure, per client at the round each trial selected."""
     ok = sweep.ok.dropna(subset=["score"])
     if ok.empty:
         return None
@@ -197,7 +281,9 @@ def leaderboard(sweep: Sweep) -> Table | None:
     stats = {name: seed_stats(ok, name, ["config", "setting"])
              for name in ("score", "score_max", "score_at_val", "val_score_selected",
                           "val_round") if name in ok}
-    order = stats[key]["mean"].sort_values(ascending=False).index
+    position = {s: i for i, s in enumerate(sweep.settings)}
+    means = stats[key]["mean"]
+    order = sorted(means.index, key=lambda i: (position[i[1]], -means.fillna(-1.0)[i]))
     columns = {}
     if selected:
         columns["Test acc at val-selected round"] = "score_at_val"
@@ -212,18 +298,118 @@ def leaderboard(sweep: Sweep) -> Table | None:
         cells.insert(2, "Selected round", [number(stats["val_round"].at[i, "mean"], 1)
                                            for i in order])
     cells["Seeds ok"] = [str(int(stats["score"].at[i, "count"])) for i in order]
-    marks = pd.DataFrame("", index=cells.index, columns=cells.columns)
     first = next(iter(columns))
-    marks[first] = rank_marks(stats[key]["mean"])[order].values
+    flagged = set(sweep.flags().index)
+    cells[first] = [text + (FLAGGED if (setting, config) in flagged else "")
+                    for text, (config, setting) in zip(cells[first], order)]
+    marks = pd.DataFrame("", index=cells.index, columns=cells.columns)
+    tied = sweep.versus(key)["tied"]
+    for setting in sweep.settings:
+        here = means[means.index.get_level_values("setting") == setting].droplevel("setting")
+        marks.loc[[(c, setting) for c in here.index], first] = paired_marks(
+            here, tied.get(setting, pd.Series(dtype=bool))).reindex(here.index).fillna("").values
     how = ("the test accuracy at the round with the best validation accuracy (first if tied); "
            "selection never looks at test data" if selected else
            "the final round (no validation split in these tables: "
            "set scenario.val_fraction to select rounds on validation data)")
     return _labelled(Table(
         "Leaderboard" + (" (validation-selected round)" if selected else " (final round)"),
-        f"Ranked by {how}. Mean ± sample std over seeds (%); the max-over-rounds column is "
-        "selected on test data and shown for reference only." + _task_note(sweep),
+        f"Ranked within each setting by {how}. Mean ± sample std over seeds (%); the "
+        "max-over-rounds column is selected on test data and shown for reference only. "
+        + TIE_NOTE + _task_note(sweep) + _flag_note(sweep),
         cells, marks), "Method", "Setting")
+
+
+def _difference(row: pd.Series, name: str) -> str:
+    """``−1.23 [−2.00, −0.50]``: the paired mean difference and its interval, in points."""
+    delta, low, high = (row[f"{name}_{f}"] for f in ("delta", "low", "high"))
+    interval = "" if pd.isna(low) else f" [{100 * low:+.2f}, {100 * high:+.2f}]"
+    return f"{100 * delta:+.2f}{interval}"
+
+
+def _test(row: pd.Series, name: str) -> str:
+    return f"p = {row[f'{name}_p']:.2g} ({int(row[f'{name}_pairs'])} pairs)"
+
+
+def paired_statistics(sweep: Sweep) -> Table | None:
+    """Per setting with two or more configurations: each against the best and against the
+    paper's method, paired by seed and client."""
+    versus = sweep.versus("score")
+    ranked = versus[versus["best"].notna()]
+    if ranked.empty:
+        return None
+    means = sweep.ok.groupby(["setting", "config"], sort=False)["score"].mean()
+    position = {s: i for i, s in enumerate(sweep.settings)}
+    order = sorted(ranked.index, key=lambda i: (position[i[0]], -means[i]))
+    rows = []
+    for setting, config in order:
+        row = ranked.loc[(setting, config)]
+        cells = {"Setting": setting, "Method": config, "Mean": percent(means[(setting, config)])}
+        for name, label in (("best", "best"), ("paper", "paper's method")):
+            other = row[name]
+            if pd.isna(other):
+                cells |= {f"vs {label}": "-", f"vs {label}: Δ [95 % CI]": "-",
+                          f"vs {label}: Wilcoxon": "-"}
+                continue
+            cells[f"vs {label}"] = ("tied: " if name == "best" and row["tied"]
+                                    and other != config else "") + (
+                "itself" if other == config else other)
+            known = other != config and pd.notna(row[f"{name}_pairs"])
+            cells[f"vs {label}: Δ [95 % CI]"] = _difference(row, name) if known else "-"
+            cells[f"vs {label}: Wilcoxon"] = _test(row, name) if known else "-"
+        rows.append(cells)
+    cells = pd.DataFrame(rows)
+    marks = pd.DataFrame("", index=cells.index, columns=cells.columns)
+    for setting in dict.fromkeys(cells["Setting"]):
+        here = cells["Setting"] == setting
+        configs = cells.loc[here, "Method"]
+        marks.loc[here, "Mean"] = paired_marks(
+            means[setting].reindex(configs), versus.loc[setting, "tied"].reindex(configs)).values
+    papers = ", ".join(PAPER_METHODS)
+    return Table(
+        "Paired statistics (final round)",
+        "Trials of one setting that share a seed share the partition, so each configuration is "
+        "compared with the setting's best and with the paper's method (the best-scoring of "
+        f"{papers} that ran there) on the differences per seed and client. Δ: mean difference "
+        "in points of client test accuracy (this minus that), with a 95 % percentile bootstrap "
+        f"interval over the seed × client pairs ({RESAMPLES} resamples, seed 0); Wilcoxon: the "
+        "two-sided signed-rank p over the same pairs and their count (pairs that share a "
+        "seed share the federation, so p is optimistic). Tied: p ≥ "
+        f"{ALPHA}, uncorrected for the several comparisons. Settings with a single "
+        "configuration are left out: nothing to compare.", cells, marks)
+
+
+def rank_summary(sweep: Sweep) -> str:
+    """Friedman's test over the settings the configurations share, or why there is none."""
+    means = sweep.ok.groupby(["config", "setting"], sort=False)["score"].mean().unstack("setting")
+    test = rank_test(means)
+    if test is None:
+        settings, block = shared_block(means.notna())
+        return ("Friedman's test and the critical-difference diagram need at least 2 settings "
+                f"shared by at least 3 configurations; the largest shared block here is "
+                f"{len(settings)} setting(s) × {len(block)} configuration(s).")
+    ranks = ", ".join(f"{c} {r:.2f}" for c, r in test.ranks.items())
+    return (f"Over the {len(test.settings)} settings {', '.join(test.settings)}, shared by "
+            f"{len(test.ranks)} configurations (the others are not ranked): average rank of "
+            f"the final mean client accuracy {ranks}. Friedman's test: χ² = "
+            f"{test.statistic:.2f}, p = {test.p:.2g}. Nemenyi's critical difference at "
+            f"α = {ALPHA}: {test.cd:.2f} (average ranks further apart differ).")
+
+
+def checks(sweep: Sweep) -> Table | None:
+    """Degenerate results: configurations identical to another, or collapsed by their own
+    diagnostics (``raylf.guards``)."""
+    flags = sweep.flags()
+    if flags.empty:
+        return None
+    cells = pd.DataFrame({"Setting": flags.index.get_level_values("setting"),
+                          "Method": flags.index.get_level_values("entry"),
+                          "Flag": flags.values})
+    return Table("Degenerate results",
+                 f"Identical: the same per-client final test accuracy (within {NOISE:g}) on every "
+                 "seed both ran, i.e. one computation under two names. Collapsed: the method's own "
+                 "diagnostics show it ran as a simpler method; the parameter named decides it. "
+                 f"Marked {FLAGGED} in the accuracy tables.", cells)
 
 
 def per_client_round_bytes(sweep: Sweep) -> pd.DataFrame:
@@ -295,15 +481,16 @@ def per_task(sweep: Sweep) -> Table | None:
         return None
     cells = pd.DataFrame(rows).fillna("-")
     marks = pd.DataFrame("", index=cells.index, columns=cells.columns)
-    numeric = pd.DataFrame(numbers, index=cells.index)
+    numeric = pd.DataFrame(numbers, index=pd.MultiIndex.from_arrays(
+        [cells.index, cells["Setting"]], names=["row", "setting"]))
     for label in numeric:
-        marks[label] = rank_marks(numeric[label])
+        marks[label] = setting_marks(numeric[label]).values
     return Table(
         "Per-task accuracy and AUC (%), final round",
         f"Tasks: {', '.join(sweep.tasks)}; one row per deployable (the model each client is "
         "scored with; the first of a method is the reported one). Mean ± sample std over seeds; "
-        "bold: best, "
-        "underlined: second per column. Bytes: per participating client per training round.",
+        "bold: best, underlined: second per column within a setting. Bytes: per participating "
+        "client per training round.",
         cells, marks)
 
 

@@ -1,0 +1,201 @@
+"""Paired comparisons of methods within a setting, and rank statistics across settings.
+
+Trials of one setting that share a seed share the partition: the same clients holding the same
+data. The difference between two methods on one seed and client therefore carries none of the
+variation between partitions or between clients, so methods are compared on those differences:
+their mean with a 95 % bootstrap interval (the seed × client pairs resampled, seeded) and
+Wilcoxon's signed-rank test, which assumes no normality (a few clients' accuracies are bounded
+and skewed; zero differences count, split between the signs). A method is *tied* with the best
+of its setting when that test does not reject at ``ALPHA``: tables mark all of them rather than
+bold one mean that noise put on top.
+
+Across settings, methods are ranked only where they share the settings; a method alone in a
+setting would otherwise take rank 1 by absence. Over the shared block: Friedman's test and
+Nemenyi's critical difference of average ranks (Demšar, JMLR 2006), what benchmark papers show.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy.stats import bootstrap, friedmanchisquare, studentized_range, wilcoxon
+
+ALPHA = 0.05
+RESAMPLES = 2000
+PAPER_METHODS = ("hdcfl", "spcacw", "fmtsvm")  # the methods this project reproduces
+SEED_LEVEL = -1  # client_id of a value that is one per trial, not per client
+COLUMNS = ["trial_id", "setting", "entry", "method", "seed", "client_id", "value"]
+
+
+def client_accuracy(clients: pd.DataFrame, at: pd.Series | None = None) -> pd.DataFrame:
+    """Per trial and client (``trial_id``, ``client_id``, ``value``): the test accuracy of the
+    trial's first deployable (the reported model) at its last evaluated round, or at the round
+    ``at`` gives by trial id; for a multi-task trial the mean over its tasks, as its headline."""
+    needed = {"trial_id", "client_id", "round", "accuracy"}
+    if clients.empty or not needed <= set(clients):
+        return pd.DataFrame(columns=["trial_id", "client_id", "value"])
+    rows = clients[clients["split"] == "test"] if "split" in clients else clients
+    if "deployable" in rows:
+        first = rows.groupby("trial_id", sort=False)["deployable"].transform("first")
+        rows = rows[rows["deployable"] == first]
+    wanted = rows["trial_id"].map(at) if at is not None else \
+        rows.groupby("trial_id")["round"].transform("max")
+    rows = rows[rows["round"] == wanted]
+    return (rows.groupby(["trial_id", "client_id"], as_index=False, sort=False)["accuracy"]
+            .mean().rename(columns={"accuracy": "value"}))
+
+
+def paired_values(trials: pd.DataFrame, value: str,
+                  per_client: pd.DataFrame | None = None) -> pd.DataFrame:
+    """What methods are paired on, one row per ``COLUMNS``: per client (from ``per_client``,
+    :func:`client_accuracy`'s frame) in a setting where every trial has client values, else per
+    seed (``client_id`` ``SEED_LEVEL``) from ``trials[value]``. ``trials`` are the trials to
+    compare (ok ones) with ``setting``, ``entry`` (what is compared: a configuration), ``method``
+    and ``seed``."""
+    base = trials[["trial_id", "setting", "entry", "method", "seed"]]
+    per_seed = base.assign(client_id=SEED_LEVEL, value=trials[value].astype(float))
+    if per_client is None or per_client.empty:
+        return per_seed.dropna(subset=["value"])[COLUMNS]
+    covered = base["trial_id"].isin(set(per_client["trial_id"])) \
+        .groupby(base["setting"]).transform("all")
+    per_client_rows = base[covered].merge(per_client, on="trial_id")
+    return pd.concat([per_client_rows, per_seed[~covered]], ignore_index=True) \
+        .dropna(subset=["value"])[COLUMNS]
+
+
+@dataclass(frozen=True)
+class Paired:
+    """``a − b`` over the pairs: mean, 95 % bootstrap interval, Wilcoxon's two-sided p."""
+
+    delta: float
+    low: float
+    high: float
+    p: float
+    pairs: int
+
+    @property
+    def tied(self) -> bool:
+        return bool(self.p >= ALPHA)
+
+
+def paired(a: pd.Series, b: pd.Series, seed: int = 0) -> Paired | None:
+    """``a`` against ``b``, both indexed by the pairing key (seed, client); None when they share
+    no key. One pair has no interval (nan)."""
+    both = pd.concat({"a": a, "b": b}, axis=1, join="inner").dropna()
+    if both.empty:
+        return None
+    d = (both["a"] - both["b"]).to_numpy(float)
+    low = high = math.nan
+    if len(d) > 1:
+        interval = bootstrap((d,), np.mean, n_resamples=RESAMPLES, method="percentile",
+                             rng=np.random.default_rng(seed)).confidence_interval
+        low, high = float(interval.low), float(interval.high)
+    # zsplit: a zero difference (a client both score alike, common on bounded accuracies) splits
+    # its rank between the signs, so every pair counts and identical methods get p = 1. With
+    # zeros or ties among at most 13 pairs scipy's "auto" runs an exhaustive permutation test,
+    # seconds per call; its normal approximation with the tie correction stands in there.
+    tied_ranks = bool((d == 0).any()) or len(np.unique(np.abs(d))) < len(d)
+    method = "asymptotic" if tied_ranks and len(d) <= 13 else "auto"
+    p = float(wilcoxon(d, zero_method="zsplit", method=method).pvalue)
+    return Paired(float(d.mean()), low, high, p, len(d))
+
+
+VERSUS = ("delta", "low", "high", "p", "pairs")
+
+
+def versus(values: pd.DataFrame, means: pd.Series, higher_is_better: bool = True,
+           seed: int = 0) -> pd.DataFrame:
+    """Per (setting, entry) of ``means`` (the table's figure, which picks the best): ``best``
+    and ``paper`` (the setting's best entry of a ``PAPER_METHODS`` method, if any ran; nan where
+    a setting has one entry: nothing to compare), each entry minus them (``best_delta``,
+    ``best_low``, ``best_high``, ``best_p``, ``best_pairs``, likewise ``paper_…``; nan against
+    itself) and ``tied``: the best itself, or the paired test cannot tell it from the best."""
+    means = means.dropna()
+    rows = []
+    for setting, here in means.groupby(level=0, sort=False):
+        here = here.droplevel(0)
+        if len(here) < 2:
+            rows.append({"setting": setting, "entry": here.index[0], "tied": False})
+            continue
+        best = here.idxmax() if higher_is_better else here.idxmin()
+        mine = values[values["setting"] == setting]
+        series = {entry: frame.groupby(["seed", "client_id"])["value"].mean()
+                  for entry, frame in mine.groupby("entry", sort=False)}
+        method = mine.groupby("entry")["method"].first()
+        papers = here[[e for e in here.index if method.get(e) in PAPER_METHODS]]
+        paper = None if papers.empty else (papers.idxmax() if higher_is_better
+                                           else papers.idxmin())
+        for entry in here.index:
+            row = {"setting": setting, "entry": entry, "best": best, "paper": paper}
+            against = {name: _against(series, entry, other, seed)
+                       for name, other in (("best", best), ("paper", paper))}
+            for name, result in against.items():
+                if result is not None:
+                    row |= {f"{name}_{field}": getattr(result, field) for field in VERSUS}
+            row["tied"] = entry == best or (against["best"] is not None and against["best"].tied)
+            rows.append(row)
+    columns = ["setting", "entry", "best", "paper", "tied",
+               *[f"{name}_{field}" for name in ("best", "paper") for field in VERSUS]]
+    return pd.DataFrame(rows).reindex(columns=columns).set_index(["setting", "entry"])
+
+
+def _against(series: dict[str, pd.Series], entry: str, other: str | None,
+             seed: int) -> Paired | None:
+    if other is None or other == entry or entry not in series or other not in series:
+        return None
+    return paired(series[entry], series[other], seed)
+
+
+def shared_block(present: pd.DataFrame) -> tuple[list, list]:
+    """The settings and entries to rank over, from ``present`` (entries × settings, True where
+    an entry has a result): entries present in every chosen setting, at least two of them;
+    settings where fewer than two entries ran never rank. Greedy: from all those settings, drop
+    the one whose absence lets the most entries share the rest, keeping the largest block
+    (settings × entries) seen. Empty lists when no two entries share a setting."""
+    settings = [s for s in present if present[s].sum() >= 2]
+    block: tuple[list, list] = ([], [])
+    while settings:
+        entries = list(present.index[present[settings].all(axis=1)])
+        if len(entries) >= 2 and len(settings) * len(entries) > len(block[0]) * len(block[1]):
+            block = (list(settings), entries)
+        drop = max(settings, key=lambda s: int(
+            present[[t for t in settings if t != s]].all(axis=1).sum()))
+        settings = [s for s in settings if s != drop]
+    return block
+
+
+def average_ranks(means: pd.DataFrame, higher_is_better: bool = True) -> pd.Series:
+    """Mean over ``means``' settings (columns) of each entry's (row's) rank within the setting,
+    ties sharing the average rank."""
+    return means.rank(ascending=not higher_is_better, method="average").mean(axis=1)
+
+
+@dataclass(frozen=True)
+class RankTest:
+    """Friedman's test over a block of settings (blocks) × entries, with Nemenyi's critical
+    difference: two average ranks further apart than ``cd`` differ at ``ALPHA``."""
+
+    settings: list
+    ranks: pd.Series  # average rank by entry, best first
+    statistic: float
+    p: float
+    cd: float
+
+
+def rank_test(means: pd.DataFrame, higher_is_better: bool = True) -> RankTest | None:
+    """Over :func:`shared_block` of ``means`` (entries × settings); None unless the block has
+    at least two settings and three entries (Friedman's test compares at least three)."""
+    settings, entries = shared_block(means.notna())
+    if len(settings) < 2 or len(entries) < 3:
+        return None
+    block = means.loc[entries, settings]
+    with np.errstate(invalid="ignore", divide="ignore"):  # every setting tied: nan
+        result = friedmanchisquare(*block.to_numpy(float))
+    k, n = len(entries), len(settings)
+    q = studentized_range.ppf(1 - ALPHA, k, np.inf) / math.sqrt(2)
+    return RankTest(settings, average_ranks(block, higher_is_better).sort_values(),
+                    float(result.statistic), float(result.pvalue),
+                    float(q * math.sqrt(k * (k + 1) / (6 * n))))
