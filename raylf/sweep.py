@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from ray import tune
 
-from raylf import results
+from raylf import results, storage
 from raylf.config import ExperimentSpec, SpecError
 from raylf.estimate import ESTIMATE_ROUNDS
 from raylf.experiment import CHECKPOINTS_KEPT
@@ -344,7 +344,7 @@ class SweepConsole(tune.Callback):
         self._finished(self._trial(trial), None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        reason = _last_line(trial.get_error()) or (
+        reason = _last_line(storage.trial_error(trial)) or (
             "Tune reported no error: the trial's process or its node was lost")
         self._line("retry", self._trial(trial), f"attempt failed: {reason}")
 
@@ -354,7 +354,7 @@ class SweepConsole(tune.Callback):
         except OSError as err:  # every further trial would fail the same way: stop here
             self.storage_error = StorageUnwritable(f"cannot write to {self.root}: {err}")
             raise self.storage_error from None
-        self._finished(self._trial(trial), _last_line(trial.get_error()))
+        self._finished(self._trial(trial), _last_line(storage.trial_error(trial)))
 
     def start(self, already_done: dict[str, int]) -> None:
         """``already_done``: trial id → rounds of the trials a resumed stage keeps."""
@@ -463,6 +463,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "dataset is not fetched) into <name>-smoke; results are no results")
     parser.add_argument("--smoke-rounds", type=int, default=SMOKE_ROUNDS, metavar="N",
                         help=f"rounds of each smoke trial (default {SMOKE_ROUNDS})")
+    parser.add_argument("--smoke-paths", action="store_true",
+                        help="smoke-run one configuration per code path (a method with its "
+                             "non-numeric parameters × model × dataset) instead of every one")
     parser.add_argument("--estimate", action="store_true",
                         help="time --estimate-rounds rounds of every distinct configuration "
                              "here (or on the cluster joined) and print trial times, "
@@ -514,7 +517,8 @@ def check_storage(root: str) -> None:
     except OSError as err:
         raise SpecError([("--storage", (
             f"cannot write to {root}: {err}; choose a writable --storage (a directory you own, "
-            "or an s3:// bucket with write access)"))]) from None
+            "or an s3:// bucket your credentials may put and delete objects in; for an "
+            "endpoint other than AWS set AWS_ENDPOINT_URL)"))]) from None
 
 
 @dataclass
@@ -551,7 +555,7 @@ def load_specs(args: argparse.Namespace, overrides: list[str]) -> Loaded:
         if args.smoke_rounds < 1:
             raise SpecError([("--smoke-rounds", "give at least 1 round")])
         # a searched method is smoke-run at its probes: every end of its space, every choice
-        mode = smoke.plan(everything, args.smoke_rounds)
+        mode = smoke.plan(everything, args.smoke_rounds, paths=args.smoke_paths)
         name = args.name or (f"{loaded[0][0].name}-smoke" if len(loaded) == 1 else "smoke")
     elif args.estimate:
         from raylf import estimate
@@ -632,12 +636,12 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"name={args.name}")
     if args.max_concurrent is not None and not derived:
         overrides.append(f"max_concurrent={args.max_concurrent}")
-    storage = args.storage or default_storage()
+    base = args.storage or default_storage()
     try:
         loaded = load_specs(args, overrides)
         sweep, trials, plans, probes = loaded.sweep, loaded.trials, loaded.plans, loaded.probes
         check = check_runnable([t.spec for t in trials + probes], missing_ok=args.dry_run)
-        root = f"{storage.rstrip('/')}/{sweep.name}"
+        root = f"{base.rstrip('/')}/{sweep.name}"
         trackers = tracker_callbacks(args.log, root, sweep.name)
         identity = sweep_identity(sweep, trials, plans)
         if not args.dry_run:
@@ -677,15 +681,20 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines + notices))
         print(f"tables would go to {root}/tables/")
         return 0
+    try:
+        check_storage(root)  # before Ray starts: a storage that refuses writes is refused at once
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return EXIT_SPEC
     from raylf.raycluster import capacity, connect
 
     context = connect(args.address, args.num_gpus, wanted_gpus, num_cpus=args.num_cpus,
                       dashboard=args.dashboard, verbose=args.verbose)
+    storage.one_line_storage_errors()
     cluster = capacity()
     try:
         if cluster.most is not None:  # else trials wait for the nodes an autoscaler adds
             check_plan(sizing, cluster.most)
-        check_storage(root)
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC
@@ -703,9 +712,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         if plans:
-            trials, choices, failed = search_then_replicate(sweep, plans, trials, storage, run)
+            trials, choices, failed = search_then_replicate(sweep, plans, trials, base, run)
         else:
-            grid = run(GridStage(trials, sweep.name, storage))
+            grid = run(GridStage(trials, sweep.name, base))
             choices, failed = {}, any(result.error is not None for result in grid)
     except SpecError as err:
         print(err, file=sys.stderr)
@@ -727,10 +736,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results.write_table(root, "leaderboard", "summary", results.to_table(
             board.to_dict("records"), results.provenance({"sweep": sweep.model_dump(mode="json")})))
+        compacted = results.compact(root)  # one file per table, for readers without options
     except OSError as err:
         return _stopped(StorageUnwritable(f"cannot write to {root}: {err}"), root)
     print(f"tables: {root}/tables/{{{','.join((*results.TABLES, 'leaderboard'))}}}/  "
           f"load them with raylf.results.load({root!r})")
+    if compacted:
+        print(f"one file per table: {root}/{results.COMPACT}/tables/<table>/<table>.parquet "
+              "(pandas, polars and duckdb read each as it is)")
     if plans:
         print(f"search tables (validation, never reported): {root}/search/tables/  "
               f"load them with raylf.results.load({root + '/search'!r})")
@@ -786,8 +799,9 @@ def smoke_summary(root: str, trials: list[Trial]) -> str:
 
 def _stopped(err: StorageUnwritable, root: str) -> int:
     print(f"error: the sweep stopped: {err}. The tables of finished trials are intact under "
-          f"{root}/tables/; make the storage writable (permissions, free space) and run the same "
-          "command again: the sweep resumes.", file=sys.stderr)
+          f"{root}/tables/; once the storage takes writes again (permissions, free space; for "
+          "object storage the endpoint reachable and the credentials valid) run the same command "
+          "again: the sweep resumes.", file=sys.stderr)
     return EXIT_FAILED
 
 

@@ -23,6 +23,19 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def s3():
+    """An S3-compatible endpoint on loopback (tests/s3.py: moto's server, IAM checks on), and
+    this process's environment pointed at it with write credentials, as a user's shell is."""
+    from tests.s3 import S3Endpoint, restore_env, set_env
+
+    endpoint = S3Endpoint()
+    before = set_env(endpoint.env())
+    yield endpoint
+    restore_env(before)
+    endpoint.close()
+
+
 def small_spec_dict(**changes) -> dict:
     spec = {
         "name": "t",

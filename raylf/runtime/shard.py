@@ -27,10 +27,10 @@ from raylf.cohort import (
     unsupported_reason,
 )
 from raylf.methods.base import ClientUpdate, Method, Share, score
-from raylf.results import filesystem
 from raylf.runtime.blueprint import Blueprint, pick_device
 from raylf.runtime.memory import peak_memory
 from raylf.seeding import derive
+from raylf.storage import filesystem, publish
 from raylf.training import FitResult, tensor_bytes
 from raylf.tree import map_leaves
 
@@ -363,10 +363,7 @@ class ClientShard:
         fs.create_dir(path, recursive=True)
         buffer = io.BytesIO()
         torch.save(self.personal, buffer)
-        tmp, final = f"{path}/.worker-{self.index}.tmp", f"{path}/worker-{self.index}.pt"
-        with fs.open_output_stream(tmp) as out:
-            out.write(buffer.getvalue())
-        fs.move(tmp, final)
+        publish(fs, f"{path}/worker-{self.index}.pt", buffer.getvalue())
 
     def load_personal(self, folder: str) -> None:
         """Take this worker's clients' states from every worker file in ``folder``."""

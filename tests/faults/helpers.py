@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 from raylf import results
 from tests.test_sweep import ROOT, env, sweep_cmd
 
@@ -51,13 +53,18 @@ def kill_group(driver: subprocess.Popen) -> str:
     return out + err
 
 
-def complete_trials(root: Path) -> set[str]:
+def listing(root: Path | str, folder: str) -> list[pafs.FileInfo]:
+    """What ``root/folder`` holds (nothing if it does not exist); ``root`` a path or a URI."""
+    fs, base = results.filesystem(root)
+    return fs.get_file_info(pafs.FileSelector(f"{base}/{folder}", allow_not_found=True))
+
+
+def complete_trials(root: Path | str) -> set[str]:
     """Trials whose three tables are all in place."""
-    present = [{p.stem for p in (root / "tables" / name).glob("*.parquet")}
-               for name in results.TABLES]
+    present = [{i.base_name.removesuffix(".parquet") for i in listing(root, f"tables/{name}")
+                if i.base_name.endswith(".parquet")} for name in results.TABLES]
     return set.intersection(*present)
 
 
-def attempts(root: Path, trial_id: str) -> int:
-    folder = root / "attempts" / trial_id
-    return len(list(folder.iterdir())) if folder.is_dir() else 0
+def attempts(root: Path | str, trial_id: str) -> int:
+    return len(listing(root, f"attempts/{trial_id}"))

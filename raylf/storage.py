@@ -1,0 +1,109 @@
+"""Where results live: a local directory or an object store (``s3://``, ``gs://``), both through
+pyarrow.fs, as Ray Tune's own storage is.
+
+An S3-compatible endpoint other than AWS (MinIO, Ceph, a test server) and its credentials come
+from the environment every process reads: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` (pyarrow's S3 filesystem, Tune's and boto3 all take
+them). Options in the URI's query string (``?endpoint_override=…``) are refused: raylf builds
+every path by appending to the storage root, which would put them in the middle of the path.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import traceback
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from raylf.errors import SpecError
+
+
+def filesystem(root: str | Path) -> tuple[pafs.FileSystem, str]:
+    """The filesystem holding ``root`` and ``root``'s path on it."""
+    root = str(root)
+    if "://" not in root:
+        return pafs.LocalFileSystem(), str(Path(root).expanduser().resolve())
+    if "?" in root:
+        raise SpecError([("--storage", (
+            f"{root} carries options in a query string, which raylf cannot append paths to; "
+            "give the bare URI (s3://bucket/prefix) and set the endpoint and credentials in the "
+            "environment of every node: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY, AWS_REGION"))])
+    return pafs.FileSystem.from_uri(root)
+
+
+def publish(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) -> None:
+    """Put ``data`` at ``path`` whole or not at all: readers (and a resumed sweep) never find a
+    half-written file under the final name.
+
+    A local disk gets a uniquely named sibling renamed into place. An object store needs no
+    rename (it has none: pyarrow would copy and delete): an object becomes visible only when its
+    upload completes, and a failed or killed upload leaves nothing. The bytes go in one write,
+    so no error between two writes can close the upload with part of them."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        folder, name = path.rsplit("/", 1)
+        tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
+        with fs.open_output_stream(tmp) as out:
+            out.write(data)
+        fs.move(tmp, path)
+        return
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def trial_error(trial) -> str | None:
+    """The error Tune recorded for a Tune trial's last failed attempt, from the driver's own
+    copy. ``Trial.get_error()`` reads the copy in the storage, which Tune uploads later: a
+    callback right after the failure may find none there, and while the storage is down the
+    read raises (inside a Tune callback, that ends the whole sweep with Tune's traceback)."""
+    path = trial.error_file
+    return Path(path).read_text() if path is not None and Path(path).is_file() else None
+
+
+# Ray's loggers that print a storage failure with a traceback: Tune's background upload, its
+# experiment-state snapshot, its storage set-up, its report of a failed trial attempt, and its
+# download of a retried trial's results.
+RAY_STORAGE_LOGGERS = ("ray.train._internal.syncer", "ray.tune.execution.experiment_state",
+                       "ray.train._internal.storage", "ray.tune.execution.tune_controller",
+                       "ray.tune.logger.logger")
+
+
+def _storage_error(text: str) -> str | None:
+    """The last line of a traceback if it names a storage error: an OSError (what pyarrow.fs
+    raises for a local disk and an object store alike) or the sweep's StorageUnwritable."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    name = lines[-1].partition(": ")[0].rsplit(".", 1)[-1]
+    found = getattr(builtins, name, None)
+    storage = isinstance(found, type) and issubclass(found, OSError)
+    return lines[-1] if storage or name == "StorageUnwritable" else None
+
+
+class OneLineStorageErrors(logging.Filter):
+    """Shortens a record whose traceback ends in a storage error to its first line and that
+    error. During an outage Tune logs every failed upload and trial attempt with a traceback of
+    its own internals; the error's own line says all a user can act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        exc = record.exc_info[1] if record.exc_info else None
+        error = _storage_error("".join(traceback.format_exception(exc)) if exc else message)
+        if error is not None:
+            first = message.strip().splitlines()[0].rstrip(": ") if message.strip() else ""
+            record.msg = f"{first}: {error}" if first else error
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
+def one_line_storage_errors() -> None:
+    """Put :class:`OneLineStorageErrors` on Ray's storage loggers in this process (the sweep's
+    driver, where Tune runs); calling it again adds nothing."""
+    for name in RAY_STORAGE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, OneLineStorageErrors) for f in logger.filters):
+            logger.addFilter(OneLineStorageErrors())

@@ -1,0 +1,185 @@
+"""Sweeps with ``--storage s3://…`` against a real S3 API on loopback (the ``s3`` fixture: moto's
+server with IAM checks, behind a relay the test takes down to stop the endpoint), driven as a
+user's shell does: the endpoint and the credentials in the environment, nothing else."""
+
+from __future__ import annotations
+
+import io
+import logging
+import traceback
+
+import pyarrow.fs as pafs
+import pytest
+import torch
+
+from raylf import results, storage, sweep
+from raylf.report.__main__ import main as report_main
+from tests.faults.helpers import (
+    attempts,
+    complete_trials,
+    kill_group,
+    listing,
+    start_sweep,
+    wait_for,
+)
+from tests.test_sweep import run_sweep, write_sweep
+
+PLUGINS = {"RAYLF_PLUGINS": "tests.plugins.gates"}
+ROUNDS = 2
+CLIENTS = 6  # tests.test_sweep.BASE
+
+
+def test_a_query_string_in_storage_is_refused_naming_the_environment(tmp_path, capsys):
+    spec = write_sweep(tmp_path)
+    storage = "s3://bucket/sweeps?endpoint_override=127.0.0.1:1&scheme=http"
+    assert sweep.main([str(spec), "--storage", storage]) == 2
+    err = capsys.readouterr().err
+    assert "--storage:" in err and "AWS_ENDPOINT_URL" in err and "Traceback" not in err
+
+
+def test_ray_storage_errors_print_as_one_line_and_others_keep_their_traceback(tmp_path):
+    """What the driver prints once ``one_line_storage_errors()`` ran (twice: still one filter):
+    Tune's record of a failed upload shortened to its message and the storage error."""
+    logger = logging.getLogger("ray.tune.execution.experiment_state")
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    logger.addHandler(handler)
+    storage.one_line_storage_errors()
+    storage.one_line_storage_errors()
+    try:
+        assert sum(isinstance(f, storage.OneLineStorageErrors) for f in logger.filters) == 1
+        try:
+            pafs.LocalFileSystem().open_input_stream(str(tmp_path / "missing"))
+        except OSError:
+            logger.error("Saving experiment state to storage at '%s' failed with exception: ",
+                         "s3://b/p", exc_info=True)
+            logger.warning(f"Last sync command failed with the following error:\n"
+                           f"{traceback.format_exc()}")
+        try:
+            {}["key"]
+        except KeyError:
+            logger.error("Trial task failed for trial t", exc_info=True)
+    finally:
+        logger.removeHandler(handler)
+        for name in storage.RAY_STORAGE_LOGGERS:
+            for found in logging.getLogger(name).filters:
+                if isinstance(found, storage.OneLineStorageErrors):
+                    logging.getLogger(name).removeFilter(found)
+    lines = stream.getvalue().splitlines()
+    error = lines[0].removeprefix(
+        "Saving experiment state to storage at 's3://b/p' failed with exception: ")
+    assert error.startswith("FileNotFoundError: ") and str(tmp_path / "missing") in error
+    assert lines[1] == f"Last sync command failed with the following error: {error}"
+    assert lines[2] == "Trial task failed for trial t" and lines[3].startswith("Traceback")
+    assert lines[-1] == "KeyError: 'key'"
+
+
+@pytest.mark.slow
+def test_read_only_credentials_are_refused_before_anything_starts(s3, tmp_path):
+    spec = write_sweep(tmp_path, resources={"workers": 1, "cpus_per_worker": 0.5})
+    storage = s3.uri(tmp_path.name)
+    proc = run_sweep(spec, storage, **s3.env("reader"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"--storage: cannot write to {storage}/t" in proc.stderr
+    assert "ACCESS_DENIED" in proc.stderr and "Traceback" not in proc.stderr
+    assert "sweep t:" not in proc.stdout  # no plan printed, no trial started
+    assert listing(s3.uri(), tmp_path.name) == []  # the writer's view: nothing was written
+
+
+def s3_objects(root: str) -> list[str]:
+    """Every object under ``root``, as a URI."""
+    fs, base = results.filesystem(root)
+    return [f"s3://{i.path}" for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+            if i.type == pafs.FileType.File]
+
+
+def read_object(uri: str) -> bytes:
+    fs, path = results.filesystem(uri)
+    with fs.open_input_stream(path) as stream:
+        return stream.read()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # three driver starts on a busy 2-core machine
+def test_outage_then_driver_kill_then_rerun_keeps_every_trial_once_on_s3(s3, tmp_path, capsys):
+    """1. The endpoint stops while the first trial's worker writes its round-2 personal state:
+    the attempt fails, its retry cannot restore, and the sweep stops naming the storage.
+    2. Endpoint back, same command: the trial resumes from its round-1 checkpoint on S3; the
+    driver is SIGKILLed while that trial writes its tables (rounds and clients written, trials
+    row not). 3. Same command: both trials, each once."""
+    gate, table_gate = tmp_path / "round2.gate", tmp_path / "tables.gate"
+    spec = write_sweep(
+        tmp_path, seeds=[0, 1], max_concurrent=1, max_failures=1, checkpoint_every=1,
+        checkpoint_min_s=0, overrides={"federation.rounds": ROUNDS},
+        methods=[{"name": "gated_fedavg_se", "params": {"gate_round": 2, "gate_file": str(gate)}}],
+        resources={"workers": 1, "cpus_per_worker": 0.5})
+    storage = s3.uri(tmp_path.name)
+    root = f"{storage}/t"
+
+    # 1. the outage, while the first trial trains round 2 and is about to checkpoint it
+    driver = start_sweep(spec, storage, **PLUGINS, **s3.env())
+    try:
+        wait_for(gate.exists, 240, "the first trial to reach round 2", driver)
+        s3.stop()
+        gate.with_name(gate.name + ".release").touch()
+        out, err = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            kill_group(driver)
+        s3.start()
+    assert driver.returncode == 1, err[-3000:]
+    assert f"error: the sweep stopped: cannot write to {root}" in err
+    assert "run the same command again" in err and "Could not connect" in err
+    assert "Traceback" not in out + err, err[-3000:]
+    (retry,) = [line for line in out.splitlines() if " retry " in line]
+    assert f"cannot write to {root}" in retry and "Could not connect" in retry
+    held = gate.read_text().split("/")[0]
+    assert [i.base_name for i in listing(root, f"checkpoints/{held}/round-1")] == ["worker-0.pt"]
+    assert listing(root, f"checkpoints/{held}/round-2") == []  # never half there
+    assert not complete_trials(root)
+
+    # 2. endpoint back: the trial resumes; the driver is killed while its tables are written
+    driver = start_sweep(spec, storage, RAYLF_TABLE_GATE=str(table_gate), **PLUGINS, **s3.env())
+    try:
+        wait_for(table_gate.exists, 240, "the resumed trial to write its tables", driver)
+    finally:
+        if driver.poll() is None:
+            kill_group(driver)
+    assert table_gate.read_text() == held
+    assert {i.base_name for i in listing(root, "tables/rounds")} == {f"{held}.parquet"}
+    assert not complete_trials(root)
+
+    # 3. the same command again: every trial exactly once
+    proc = run_sweep(spec, storage, **PLUGINS, **s3.env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = results.load(root)
+    trials = tables["trials"]
+    assert len(trials) == 2 and trials["trial_id"].is_unique and set(trials["status"]) == {"ok"}
+    assert dict(zip(trials["trial_id"], trials["attempts"]))[held] == 3
+    assert sorted(trials["attempts"]) == [1, 3]  # the retry in 1. found the storage down
+    assert {t: attempts(root, t) for t in trials["trial_id"]} == dict(
+        zip(trials["trial_id"], trials["attempts"]))
+    rounds = tables["rounds"].groupby("trial_id")["round"].apply(list)
+    assert set(rounds.index) == set(trials["trial_id"])
+    assert rounds.map(lambda r: r == list(range(1, ROUNDS + 1))).all()
+    clients = tables["clients"]
+    assert len(clients) == 2 * ROUNDS * CLIENTS
+    assert not clients.duplicated(["trial_id", "round", "client_id", "task"]).any()
+    assert complete_trials(root) == set(trials["trial_id"])
+    objects = s3_objects(root)
+    assert not [o for o in objects if o.endswith(".tmp")]  # an object store needs no rename
+    # every checkpoint Tune keeps names a personal-state folder on S3 holding whole states
+    states = [o for o in objects if o.endswith("/state.pt") and "/checkpoint_" in o]
+    assert states
+    for state in states:
+        personal = torch.load(io.BytesIO(read_object(state)), weights_only=True)["personal"]
+        assert personal.startswith(f"{root}/checkpoints/")
+        assert [o for o in objects if o.startswith(f"{personal}/")] == [f"{personal}/worker-0.pt"]
+        assert torch.load(io.BytesIO(read_object(f"{personal}/worker-0.pt")), weights_only=True)
+
+    # the report, read from and written to S3
+    assert report_main([root]) == 0
+    printed = capsys.readouterr().out
+    assert f"{root}: 2 trials (2 ok)" in printed
+    assert f"report: {root}/report/report.md" in printed
+    assert read_object(f"{root}/report/report.md").decode() in printed
