@@ -6,7 +6,7 @@ scenario before running it.
                                                       (real or stand-in)
     fetch NAME... [--allow-unverified] [--force]      download, verify and unpack into the cache
     verify NAME... | path NAME                        re-hash a fetched dataset / print its folder
-    standin NAME... [--root DIR] [--seed N]           write format-true stand-ins (random content
+    standin NAME... [--root DIR] [--seed N] [--size S] write format-true stand-ins (random content
                                                       in the real files' layout) to check a spec
                                                       offline; default DIR: <cache root>/standin
     describe                                          the paper presets and their notes
@@ -232,10 +232,10 @@ def write_standins(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise SpecError([("--seed", f"a seed is a non-negative integer, got {args.seed}")])
     for name in args.names:
-        folder = standin.write(name, args.root, seed=args.seed)
-        size = read_marker(folder)["standin"]["size"]
-        print(f"{name}: stand-in written to {folder} (seed {args.seed}, "
-              f"{', '.join(f'{k} {v:,}' for k, v in size.items())}): random content in the real "
+        folder = standin.write(name, args.root, seed=args.seed, size=args.size)
+        counts = read_marker(folder)["standin"]["counts"]
+        print(f"{name}: stand-in written to {folder} (seed {args.seed}, {args.size} size: "
+              f"{', '.join(f'{k} {v:,}' for k, v in counts.items())}): random content in the real "
               f"files' format, not the real {name}; a spec reads it with dataset.root: "
               f"{folder.parent}")
     return 0
@@ -274,6 +274,9 @@ def parser() -> argparse.ArgumentParser:
     p_standin.add_argument("names", nargs="+", metavar="NAME", choices=manifest_names())
     p_standin.add_argument("--seed", type=int, default=0,
                            help="seed of the content, ≥ 0 (default 0)")
+    p_standin.add_argument("--size", choices=sorted(standin.SIZES), default="preset",
+                           help="preset: every paper preset at its client count (default); "
+                                "smoke: the least a smoke run of at most 10 clients needs")
     p_describe = command("describe", describe, "per-client table of a preset or a spec",
                          root_help="cache root of the data")
     p_describe.add_argument("preset", nargs="?", help="paper preset (omit to list them)")

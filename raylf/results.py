@@ -142,7 +142,27 @@ def read_table(root: str | Path, table_name: str) -> pa.Table | None:
     if not files:
         return None
     parts = [pq.read_table(f, filesystem=fs) for f in files]
-    return pa.concat_tables(parts, promote_options="permissive")
+    return pa.concat_tables(_retyped_nulls(parts), promote_options="permissive")
+
+
+def _retyped_nulls(parts: list[pa.Table]) -> list[pa.Table]:
+    """A column that is all null in one trial's file was written as float (:func:`to_table`);
+    where another trial's file has it as text (``model.weights``: null in one trial, a path in
+    the next), the null column takes that type, so the files concatenate."""
+    kinds: dict[str, set[pa.DataType]] = {}
+    for part in parts:
+        for field in part.schema:
+            if part.column(field.name).null_count < len(part) or not len(part):
+                kinds.setdefault(field.name, set()).add(field.type)
+    out = []
+    for part in parts:
+        for i, field in enumerate(part.schema):
+            others = kinds.get(field.name, set()) - {field.type}
+            if len(others) == 1 and part.column(i).null_count == len(part) and len(part):
+                part = part.set_column(i, pa.field(field.name, next(iter(others))),
+                                       pa.nulls(len(part), next(iter(others))))
+        out.append(part)
+    return out
 
 
 def load(root: str | Path) -> dict[str, pd.DataFrame]:

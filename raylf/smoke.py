@@ -8,17 +8,22 @@ scenario and client count, the model, the method and its parameters, the data la
 workers, GPU shares — and shrinks only what decides how long it runs:
 
 - one seed per configuration (seeds do not change code paths);
-- ``federation.rounds`` capped (default 2: the second round runs on state the first left), every
-  round an evaluation round, so evaluation, per-round diagnostics and the last round's full
-  evaluation all run;
-- resources shrunk to fit one machine: at most 2 workers of 0.25 CPU, a 0.25 GPU share where
-  the spec asks for GPUs (the same bundle shape for every trial, so actors are reused);
+- few clients: at most 10 (``SMOKE_CLIENTS``), 2 of them training per round, on the scenario the
+  spec names; ``federation.rounds`` capped (default 2: the second round runs on state the first
+  left) and ``local_epochs`` to 1, the last round evaluating every client;
+- a method's own caps on parameters that count extra work (``Method.smoke_params``: FedALA's
+  first adaptive passes, FedBABU's fine-tuning epochs);
+- resources shrunk to fit one machine: 2 workers of 0.25 CPU, a 0.25 GPU share where the spec
+  asks for GPUs (one bundle shape per device kind, so actors are reused from trial to trial);
 - data: a downloaded dataset that is not in the cache is replaced by its format-true stand-in
-  (:mod:`raylf.data.standin`), written once and read through the real fetch, verify and load
-  path. Every table row and console line of such a trial says stand-in.
+  at the ``smoke`` size (:mod:`raylf.data.standin`: e.g. 15 CIFAR-10 images per class, so a
+  ResNet-18 trains seconds per trial on a CPU), written once and read through the real fetch,
+  verify and load path. Every table row and console line of such a trial says stand-in. A
+  generated dataset makes at most ``SMOKE_SAMPLES`` samples.
 
-What a smoke run cannot show: memory and time at full size (``--estimate`` measures time), a
-method's behaviour past the capped rounds (e.g. an HDC-FL refresh scheduled later than round 2
+What a smoke run cannot show: partitions at the spec's client count (``--dry-run`` builds every
+trial's once the data are there), memory and time at full size (``--estimate`` measures time),
+a method's behaviour past the capped rounds (e.g. an HDC-FL refresh scheduled later than round 2
 with an explicit ``activation``), and anything about accuracy.
 """
 
@@ -30,9 +35,13 @@ from pathlib import Path
 
 from raylf.config import ExperimentSpec, validate
 from raylf.experiment import default_trial_id
+from raylf.methods import METHODS
 from raylf.sweepspec import Trial
 
 SMOKE_ROUNDS = 2
+SMOKE_CLIENTS = 10
+SMOKE_SAMPLES = 1000  # images a generated dataset (digits28, synthetic) makes for a smoke run
+SMOKE_PARTICIPANTS = 2
 SMOKE_WORKERS = 2
 SMOKE_CPUS = 0.25
 SMOKE_GPU_SHARE = 0.25
@@ -53,11 +62,30 @@ def configuration(spec: ExperimentSpec) -> str:
     return json.dumps({k: v for k, v in spec.to_dict().items() if k != "seed"}, sort_keys=True)
 
 
-def distinct(trials: list[Trial]) -> list[Trial]:
-    """The first trial of every configuration, in order."""
+def code_path(spec: ExperimentSpec) -> str:
+    """What decides which code a trial trains and evaluates with: the method and its parameters
+    that are not numbers, the model and the dataset (its input shape and classes). Numbers
+    (learning rates, α, k, seeds, round counts) change results, not code paths; scenarios
+    change the data a client holds, which the code reads the same way (a path's first
+    configuration brings its own scenario)."""
+    def words(tree):
+        if isinstance(tree, dict):
+            return {k: words(v) for k, v in sorted(tree.items())
+                    if not isinstance(v, (int, float)) or isinstance(v, bool)}
+        return tree
+
+    return json.dumps({"method": spec.method.name,
+                       "params": words(spec.method.hparams.model_dump(mode="json")),
+                       "model": spec.model.model_dump(mode="json"),
+                       "dataset": spec.dataset.name},
+                      sort_keys=True)
+
+
+def distinct(trials: list[Trial], key=configuration) -> list[Trial]:
+    """The first trial of every configuration (or of every ``key``), in order."""
     seen: dict[str, Trial] = {}
     for trial in trials:
-        seen.setdefault(configuration(trial.spec), trial)
+        seen.setdefault(key(trial.spec), trial)
     return list(seen.values())
 
 
@@ -66,10 +94,22 @@ def shrink(spec: ExperimentSpec, rounds: int = SMOKE_ROUNDS, dataset_root: str |
     """The smoke version of one trial's spec (see the module docstring for what changes);
     ``dataset_root`` / ``weights`` point the spec at stand-in data / pretrained weights."""
     raw = spec.to_dict()
+    clients = min(spec.federation.num_clients, SMOKE_CLIENTS)
+    raw["federation"]["num_clients"] = clients
     raw["federation"]["rounds"] = min(spec.federation.rounds, rounds)
-    raw["eval_every"] = 1
+    raw["federation"]["local_epochs"] = 1
+    generated = getattr(spec.dataset.params, "n_samples", None)  # digits28, synthetic
+    if generated is not None:
+        raw["dataset"]["n_samples"] = min(generated, SMOKE_SAMPLES)
+    raw["federation"]["participation"] = min(spec.federation.participation,
+                                             SMOKE_PARTICIPANTS / clients)
+    raw["eval_every"] = raw["federation"]["rounds"]
+    params = spec.method.hparams.model_dump()
+    for name, cap in METHODS.get(spec.method.name).smoke_params.items():
+        if params[name] > cap:
+            raw["method"]["params"][name] = cap
     res = raw["resources"]
-    res["workers"] = min(spec.resources.workers, SMOKE_WORKERS)
+    res["workers"] = min(clients, SMOKE_WORKERS)  # one bundle shape: actors are reused
     res["cpus_per_worker"] = SMOKE_CPUS
     res["coordinator_cpus"] = SMOKE_CPUS
     res["gpus_per_worker"] = SMOKE_GPU_SHARE if spec.resources.gpus_per_worker else 0.0
@@ -106,17 +146,17 @@ def standin_weights(model: str, folder: Path) -> str:
     return str(path)
 
 
-def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS) -> SmokePlan:
+def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -> SmokePlan:
     """One shrunk trial per distinct configuration; datasets absent from the cache replaced by
     their stand-ins, ImageNet weights absent from torch's hub cache by stand-in weights (each
-    written once, on first use)."""
+    written once, on first use). ``paths``: one trial per :func:`code_path` instead."""
     from raylf.data import standin
 
     notes: dict[str, str] = {}
     out = []
-    for trial in distinct(trials):
+    for trial in distinct(trials, code_path if paths else configuration):
         spec = trial.spec
-        root = standin.root_for(spec.dataset.name, spec.dataset.params)
+        root = standin.root_for(spec.dataset.name, spec.dataset.params, size="smoke")
         if root is not None:
             notes[spec.dataset.name] = (f"{spec.dataset.name} is not fetched: its stand-in at "
                                         f"{root} (random content, the real file format)")
@@ -129,4 +169,7 @@ def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS) -> SmokePlan:
                                       f"weights {weights} (random tensors, the real layout)")
         small = shrink(spec, rounds, root, weights)
         out.append(Trial(default_trial_id(small), small, trial.point))
+    # trials of one bundle shape back to back: Tune reuses a trial's actors only for the next
+    # trial of the same bundles, and starting an actor costs a torch import
+    out.sort(key=lambda t: t.spec.resources.gpus_per_worker)
     return SmokePlan(out, list(notes.values()))

@@ -724,6 +724,12 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as err:
         print(f"interrupted: {err}; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except RuntimeError as err:  # Tune gave up on its own actors (e.g. Ray's out-of-memory kill)
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"error: the sweep stopped: {cause[:400]}. The tables of finished trials are "
+              f"intact under {root}/tables/; run the same command again to resume (with fewer "
+              "trials at once, --max-concurrent, if memory ran out)", file=sys.stderr)
+        return EXIT_FAILED
     if args.smoke:
         print(smoke_summary(root, trials))
         return EXIT_FAILED if failed else 0

@@ -30,7 +30,7 @@ Content: images are drawn per class (a random prototype per class plus per-image
 grid of square cells so that the archives stay small), so a model can fit them and a run's
 learning check has something to see; labels are balanced. Shakespeare is random words in the
 Gutenberg layout LEAF parses (plays, indented speeches of named roles, one play printed flush,
-the sonnets). The same seed gives the same bytes. Sizes (``_PER_CLASS``, ``_PLAYS``) are the
+the sonnets). The same seed gives the same bytes. Sizes (:data:`SIZES`) are the
 smallest that build every paper preset of :mod:`raylf.data.presets` with margin.
 """
 
@@ -45,6 +45,7 @@ import tarfile
 import tempfile
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,20 +58,37 @@ from raylf.data.manifest import DatasetError, FileSpec, Manifest, load_manifest,
 
 __all__ = ["StandinRefused", "dataset_origin", "notice", "root_for", "standin_root", "write"]
 
-# samples per class (training files, test files) of the image stand-ins. The tightest presets:
-# CIFAR-10 Dirichlet(0.07) over 20 clients needs ~100 samples per class before the rejection
-# loop gives every client 4 samples within a few dozen of its 1,000 draws; MNIST's 89-client
-# rotation continuum leaves every client ~13 samples. MedIMeta has no train/test files (its
-# splits are index lists): 30 images per 3-class label, for FMT-SVM's 5 clients.
-_PER_CLASS: dict[str, tuple[int, ...]] = {
-    "mnist": (100, 20), "fashion_mnist": (100, 20), "cifar10": (100, 20), "cifar100": (10, 2),
-    "pneumonia": (30,), "breast_ultrasound": (30,),
+@dataclass(frozen=True)
+class Size:
+    """How much a stand-in holds. ``per_class``: samples per class of the image stand-ins
+    (training files, test files; MedIMeta: images per 3-class label, its splits being index
+    lists). Shakespeare: ``plays`` indented plays (plus one printed flush) of ``ROLES`` roles,
+    each role ``speeches`` (low, high exclusive) speeches of 2-4 lines, ~100 characters each."""
+
+    per_class: dict[str, tuple[int, ...]]
+    plays: int
+    speeches: tuple[int, int]
+
+
+SIZES = {
+    # every paper preset at its own client count: CIFAR-10 Dirichlet(0.07) over 20 clients needs
+    # ~100 samples per class before the rejection loop gives every client 4 samples within a
+    # few dozen of its 1,000 draws; MNIST's 89-client rotation continuum leaves every client ~13
+    # samples; 30 MedIMeta images per label for FMT-SVM's 5 clients; 4-7 speeches give every
+    # role ≥ 350 characters (seeds 0-2), above the ≥ 150 windows of 50 that the natural presets
+    # draw from (min_samples 100 + gap 50), and n15-m7 draws 105 of the 154 roles
+    "preset": Size({"mnist": (100, 20), "fashion_mnist": (100, 20), "cifar10": (100, 20),
+                    "cifar100": (10, 2), "pneumonia": (30,), "breast_ultrasound": (30,)},
+                   plays=10, speeches=(4, 8)),
+    # a smoke run's (raylf.smoke: at most 10 clients, 2 of them training per round): the least
+    # that builds every configuration of tune/*.yaml with 10 clients (checked 2026-12-03), so a
+    # ResNet-18 on a CPU trains seconds per trial; 3-4 speeches keep every role above 150
+    # windows, and the 70 roles cover 10 clients of 7 roles
+    "smoke": Size({"mnist": (12, 3), "fashion_mnist": (12, 3), "cifar10": (12, 3),
+                   "cifar100": (2, 1), "pneumonia": (10,), "breast_ultrasound": (10,)},
+                  plays=4, speeches=(3, 5)),
 }
-# Shakespeare: plays × roles per play (plus one flush-printed play of _ROLES roles), each role
-# 4-7 speeches of 2-4 lines, ~700 characters (seeds 0-2: never under 350), so all 154 roles
-# have the ≥ 150 windows of 50 that the natural presets draw from (min_samples 100 + gap 50);
-# n15-m7 draws 105 of them
-_PLAYS, _ROLES, _SPEECHES = 10, 14, (4, 8)
+ROLES = 14  # roles per play
 _NOISE = 48.0  # std of the per-image noise around the class prototype, in 0-255 pixel units
 # 3-class labels whose binary label is 1, as in the real data: pneumonia = bacteria or virus;
 # a malignant finding = the malignant case category
@@ -89,24 +107,27 @@ def notice(name: str, where: str | os.PathLike[str] | None = None) -> str:
             f"not the real {name} dataset; results say nothing about the real dataset")
 
 
-def root_for(name: str, params: Any) -> str | None:
+def root_for(name: str, params: Any, size: str = "preset") -> str | None:
     """The root a smoke run reads ``name`` from: None when ``name`` has no manifest or its data
     (real or a stand-in) are complete in the root ``params.root`` names; else
-    ``standin_root(params.root)``, with the stand-in written there unless one already is."""
+    ``standin_root(params.root)`` (``…/smoke`` for the ``smoke`` size), with the stand-in
+    written there unless one already is."""
     if name not in manifest_names():
         return None
     root = getattr(params, "root", None)
     if dataset_origin(name, root) is not None:
         return None
-    target = standin_root(root)
+    target = standin_root(root) / size if size != "preset" else standin_root(root)
     if dataset_origin(name, target) != cache.STANDIN:
-        write(name, target)
+        write(name, target, size=size)
     return str(target)
 
 
-def write(name: str, root: str | os.PathLike[str] | None = None, *, seed: int = 0) -> Path:
-    """Write the stand-in of ``name`` into ``root`` (default :func:`standin_root`) through the
-    real fetch and return its folder ``<root>/<name>``; a stand-in already there is replaced.
+def write(name: str, root: str | os.PathLike[str] | None = None, *, seed: int = 0,
+          size: str = "preset") -> Path:
+    """Write the stand-in of ``name`` at ``size`` (:data:`SIZES`) into ``root`` (default
+    :func:`standin_root`) through the real fetch and return its folder ``<root>/<name>``; a
+    stand-in already there is replaced.
 
     Refuses (:class:`StandinRefused`) when ``<root>/<name>`` holds anything but a stand-in: the
     real dataset, a partial fetch or files placed there by hand for fetch.
@@ -120,9 +141,10 @@ def write(name: str, root: str | os.PathLike[str] | None = None, *, seed: int = 
         with tempfile.TemporaryDirectory(prefix=f".{name}.standin-", dir=base) as tmp:
             source, staging = Path(tmp) / "source", Path(tmp) / "root"
             source.mkdir()
-            members, size = _WRITERS[name](name, source, np.random.default_rng(seed))
+            members, counts = _WRITERS[name](name, source, np.random.default_rng(seed),
+                                             SIZES[size])
             cache.fetch(name, staging, _manifest(shipped, source, members),
-                        standin={"seed": seed, "size": size})
+                        standin={"seed": seed, "size": size, "counts": counts})
             atomic_files.replace(staging / name, folder)
     return folder
 
@@ -217,17 +239,17 @@ def _idx(array: np.ndarray) -> bytes:
     return head + np.ascontiguousarray(array, np.uint8).tobytes()
 
 
-def _idx_files(name: str, source: Path, rng: np.random.Generator
+def _idx_files(name: str, source: Path, rng: np.random.Generator, size: Size
                ) -> tuple[dict[str, bytes], dict[str, int]]:
     """MNIST / Fashion-MNIST: four gzipped IDX files, 28×28 grey images and their labels."""
     draw = _image_drawer(rng, 10, 1, 28, 4)
-    size = {}
-    for prefix, per_class in zip(("train", "t10k"), _PER_CLASS[name]):
+    counts = {}
+    for prefix, per_class in zip(("train", "t10k"), size.per_class[name]):
         x, y = draw(per_class)
         (source / f"{prefix}-images-idx3-ubyte.gz").write_bytes(_gz(_idx(x[:, 0])))
         (source / f"{prefix}-labels-idx1-ubyte.gz").write_bytes(_gz(_idx(y)))
-        size[prefix] = len(y)
-    return {}, size
+        counts[prefix] = len(y)
+    return {}, counts
 
 
 def _pickled(obj: dict[str, Any]) -> bytes:
@@ -249,11 +271,11 @@ def _readme(name: str) -> bytes:
             "layout, not the real dataset.</p></body></html>\n").encode()
 
 
-def _cifar10(name: str, source: Path, rng: np.random.Generator
+def _cifar10(name: str, source: Path, rng: np.random.Generator, size: Size
              ) -> tuple[dict[str, bytes], dict[str, int]]:
     """CIFAR-10: five training batches, one test batch, batches.meta, in one .tar.gz."""
     draw = _image_drawer(rng, 10, 3, 32, 4)
-    train_per_class, test_per_class = _PER_CLASS[name]
+    train_per_class, test_per_class = size.per_class[name]
     folder = "cifar-10-batches-py"
     x, y = draw(train_per_class)
     members, first = {}, 0
@@ -272,28 +294,28 @@ def _cifar10(name: str, source: Path, rng: np.random.Generator
     return members, {"train": len(y), "test": len(yt)}
 
 
-def _cifar100(name: str, source: Path, rng: np.random.Generator
+def _cifar100(name: str, source: Path, rng: np.random.Generator, size: Size
               ) -> tuple[dict[str, bytes], dict[str, int]]:
     """CIFAR-100: train, test and meta pickles with fine and coarse labels, in one .tar.gz.
     Each coarse class holds five fine classes, as in the real set (here a random five)."""
     tasks = load_manifest(name).tasks
     draw = _image_drawer(rng, len(tasks["fine"]), 3, 32, 4)
     coarse_of = rng.permutation(np.repeat(np.arange(len(tasks["coarse"])), 5))
-    members, size, first = {}, {}, 0
-    for split, per_class, label in zip(("train", "test"), _PER_CLASS[name],
+    members, counts, first = {}, {}, 0
+    for split, per_class, label in zip(("train", "test"), size.per_class[name],
                                        ("training batch 1 of 1", "testing batch 1 of 1")):
         x, y = draw(per_class)
         members[f"cifar-100-python/{split}"] = _pickled(_cifar_batch(
             x, {"fine_labels": y, "coarse_labels": coarse_of[y]}, label, first))
         first += len(y)
-        size[split] = len(y)
+        counts[split] = len(y)
     members["cifar-100-python/meta"] = _pickled({"fine_label_names": tasks["fine"],
                                                  "coarse_label_names": tasks["coarse"]})
     _tar_gz(source / "cifar-100-python.tar.gz", members)
-    return members, size
+    return members, counts
 
 
-def _medimeta_zip(name: str, source: Path, rng: np.random.Generator
+def _medimeta_zip(name: str, source: Path, rng: np.random.Generator, size: Size
                   ) -> tuple[dict[str, bytes], dict[str, int]]:
     """A MedIMeta dataset zip: ``<id>/info.yaml``, grey 224×224 ``images/NNNNNN.tiff``, one
     ``task_labels/<task name>.npy`` per task and ``splits/{train,val,test}.txt`` (sample
@@ -302,7 +324,7 @@ def _medimeta_zip(name: str, source: Path, rng: np.random.Generator
 
     dataset_id, tasks = medimeta.DATASETS[name]
     classes = list(load_manifest(name).tasks.values())
-    x, y = _image_drawer(rng, len(classes[1]), 1, 224, 16)(_PER_CLASS[name][0])
+    x, y = _image_drawer(rng, len(classes[1]), 1, 224, 16)(size.per_class[name][0])
     labels = {"multiclass": y, "binary": np.isin(y, _POSITIVE[name]).astype(np.int64)}
     members = {}
     info = {"id": dataset_id, "name": f"raylf stand-in of {name}",
@@ -355,13 +377,14 @@ def _name(rng: np.random.Generator, taken: set[str]) -> str:
             return name
 
 
-def _play(rng: np.random.Generator, title: str, flush: bool, taken: set[str]) -> list[str]:
+def _play(rng: np.random.Generator, title: str, flush: bool, taken: set[str],
+          speeches: tuple[int, int]) -> list[str]:
     """One play: title, author line, dramatis personae, then acts of speeches. A speech is
     ``  NAME. text`` continued by four-space-indented lines, or, printed ``flush`` (as the
     Gutenberg text prints The Comedy of Errors), ``NAME. text`` continued by unindented lines,
     speeches separated by blank lines."""
-    roles = [_name(rng, taken) for _ in range(_ROLES)]
-    turns = rng.permutation(np.repeat(np.arange(_ROLES), rng.integers(*_SPEECHES, _ROLES)))
+    roles = [_name(rng, taken) for _ in range(ROLES)]
+    turns = rng.permutation(np.repeat(np.arange(ROLES), rng.integers(*speeches, ROLES)))
     lines = [title, "", "by William Shakespeare", "", "", "Dramatis Personae", ""]
     lines += [f"  {role}, {_words(rng, 3).lower()}." for role in roles]
     indent, more = ("", "") if flush else ("  ", "    ")
@@ -376,10 +399,10 @@ def _play(rng: np.random.Generator, title: str, flush: bool, taken: set[str]) ->
     return [*lines, "", "THE END", "", ""]
 
 
-def _shakespeare(name: str, source: Path, rng: np.random.Generator
+def _shakespeare(name: str, source: Path, rng: np.random.Generator, size: Size
                  ) -> tuple[dict[str, bytes], dict[str, int]]:
     """``1994-01-100.zip`` holding ``100.txt``: a stand-in note where Gutenberg's header is,
-    the sonnets (a poem: skipped by the parser), ``_PLAYS`` indented plays and a flush one."""
+    the sonnets (a poem: skipped by the parser), ``size.plays`` indented plays and a flush one."""
     taken: set[str] = set()
     lines = ["raylf STAND-IN: seeded random text in the layout of Project Gutenberg's eBook #100,",
              "The Complete Works of William Shakespeare (1994 release), as LEAF reads it.",
@@ -388,17 +411,17 @@ def _shakespeare(name: str, source: Path, rng: np.random.Generator
     for number in range(1, 4):
         lines += ["", f"                     {number}"] + [f"  {_line(rng)}" for _ in range(14)]
     lines += ["", "THE END", "", ""]
-    for play in range(_PLAYS + 1):
+    for play in range(size.plays + 1):
         title = f"THE TRAGEDY OF {_name(rng, taken)}"
-        lines += _play(rng, title, play == _PLAYS, taken)
+        lines += _play(rng, title, play == size.plays, taken, size.speeches)
     text = "\n".join(lines) + "\n"
     members = {"100.txt": text.encode("ascii")}
     _zip(source / "1994-01-100.zip", members)
-    return members, {"plays": _PLAYS + 1, "roles": (_PLAYS + 1) * _ROLES,
+    return members, {"plays": size.plays + 1, "roles": (size.plays + 1) * ROLES,
                      "characters": len(text)}
 
 
-_WRITERS: dict[str, Callable[[str, Path, np.random.Generator],
+_WRITERS: dict[str, Callable[[str, Path, np.random.Generator, Size],
                              tuple[dict[str, bytes], dict[str, int]]]] = {
     "mnist": _idx_files, "fashion_mnist": _idx_files, "cifar10": _cifar10,
     "cifar100": _cifar100, "shakespeare": _shakespeare, "pneumonia": _medimeta_zip,

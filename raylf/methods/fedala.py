@@ -114,6 +114,7 @@ class FedALA(FedAvg):
     name = "fedala"
     Params = FedALAParams
     personal_state = True
+    smoke_params = {"start_passes": 2}  # the first ALA's passes: 50 ResNet-18 passes per client
     shared_deployable = False
 
     @property
