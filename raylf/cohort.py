@@ -117,7 +117,10 @@ def conv_macs_per_sample(model: nn.Module, sample_shape: tuple[int, ...]) -> flo
         kernel = module.weight.shape[1] * module.weight[0, 0].numel()
         total += output[0].numel() * kernel
 
-    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, nn.Conv2d)]
+    convolutions = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    if not convolutions:  # nothing to count, and the zeros below would not suit every model
+        return 0.0  # (a character LSTM embeds token ids: a float input fails it)
+    hooks = [m.register_forward_hook(count) for m in convolutions]
     try:
         with torch.no_grad():
             model(torch.zeros(1, *sample_shape, device=next(model.parameters()).device))

@@ -102,3 +102,15 @@ def test_personal_models_are_evaluated_in_cohorts_with_the_sequential_scores():
     assert [(r["split"], r["client_id"], r["n_test"], r["correct"]) for r in rows[0]] == \
            [(r["split"], r["client_id"], r["n_test"], r["correct"]) for r in rows[1]]
     assert [r["loss"] for r in rows[0]] == pytest.approx([r["loss"] for r in rows[1]], abs=1e-5)
+
+
+
+def test_cohort_sizing_probes_no_model_without_convolutions():
+    """``cohort: auto`` weighs convolution work; a character LSTM (token ids in, no
+    convolution) is not fed a float probe it cannot embed (the smoke run of
+    spcacw_shakespeare.yaml found FedAMP and FedDisco workers dying on it)."""
+    from raylf.cohort import not_worthwhile
+    from raylf.models.paper import CharLSTM
+
+    net = CharLSTM.build(CharLSTM.Params(embedding=8, hidden=8, layers=1), (50,), 80)
+    assert not_worthwhile(net, (50,), torch.device("cpu")) is None
