@@ -1,30 +1,32 @@
-"""Cost estimates (``python -m raylf.sweep SPEC --estimate``): time a few rounds of each distinct
-configuration where the sweep would run, and extrapolate to the whole sweep before it runs.
+"""Cost estimates (``python -m raylf.sweep SPEC --estimate``): time the first rounds of each
+distinct configuration where the sweep would run, and extrapolate to the whole sweep before it
+runs.
 
-A trial's time is measured in parts, each from the timing tables of a short real trial of the
-configuration (first seed, the spec's data, model, method and resources, through the sweep's
-own runtime, one trial at a time so the parts are not inflated by neighbours):
+Each configuration runs a timing trial (its first seed, the spec's data, model, method,
+resources and evaluation schedule, through the sweep's own runtime, one trial at a time so the
+figures are not inflated by neighbours) of R' = max(``--estimate-rounds``, R/10) of its R rounds,
+so that work a method does every few rounds (an evaluation, an epoch's α update, a refresh) is
+in the sample in its own proportion. From the timing tables:
 
 - ``fixed_s``: everything outside the rounds (data and partition, actors, model, a method's
   one-shot setup round 0) = the trial's ``wall_s`` minus its rounds' ``round_s``;
-- ``train_s``: a round without evaluation (the median of the timed ones after the first, which
-  pays for warm-up, or the first when it is the only one);
-- ``eval_s``: what evaluating every client adds (the last timed round evaluates, the others do
-  not; the difference to ``train_s``);
+- ``rounds_s``: the timed rounds' ``round_s``, scaled by R / R';
 - ``sweep_s``: the sweep runtime's own cost per trial (Tune, placement group, actor reuse) =
-  the timed stage's wall minus its trials' ``wall_s``, per trial.
+  the timed stage's wall minus its trials' ``wall_s``, per trial; the first trial of each
+  bundle shape also starts that shape's actor processes, counted once per slot instead.
 
-A trial of R rounds that evaluates E times then costs ``sweep_s + fixed_s + R·train_s +
-E·eval_s``; every seed of a configuration costs the same. Wall time at C trials at once is the
-longest-first schedule of all trials on C slots. Device time is a trial's time × the GPUs it
-holds (CPU time likewise). What it leaves out: checkpoint writes, ASHA stopping trials early,
-and a cluster's nodes starting; a search stage is costed at its budget (points × search seeds,
-then top_k × seeds replicates) with the mean time of its probe configurations.
+A trial then costs ``sweep_s + fixed_s + rounds_s``; every seed of a configuration costs the
+same. Wall time at C trials at once is the longest-first schedule of all trials on C slots.
+Device time is a trial's time × the GPUs it holds (CPU time likewise). What it leaves out:
+checkpoint writes, ASHA stopping trials early, a cluster's nodes starting, and work that grows
+with the round number; a search stage is costed at its budget (points × search seeds, then
+top_k × seeds replicates) with the mean time of its probe configurations.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -34,7 +36,7 @@ from raylf.experiment import default_trial_id
 from raylf.smoke import configuration, distinct
 from raylf.sweepspec import SearchPlan, Trial
 
-ESTIMATE_ROUNDS = 3  # round 1 warms up, round 2 is a plain round, round 3 adds the evaluation
+ESTIMATE_ROUNDS = 3  # the least timed: round 1 also warms up
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,7 @@ class Cost:
     label: str
     trials: int
     fixed_s: float
-    train_s: float
-    eval_s: float
+    round_s: float  # a round on average over the timed ones
     trial_s: float  # one trial of this configuration, sweep runtime included
     gpus: float
     cpus: float
@@ -62,14 +63,15 @@ class Estimate:
     startup_s: float  # starting a slot's actor processes, paid once per slot (not per trial)
 
 
+def timed_rounds(spec: ExperimentSpec, rounds: int) -> int:
+    """R' of the module docstring: at least ``rounds``, a tenth of a long run, never past R."""
+    return min(spec.federation.rounds, max(rounds, math.ceil(spec.federation.rounds / 10)))
+
+
 def timing_spec(spec: ExperimentSpec, rounds: int) -> ExperimentSpec:
-    """The configuration's timing trial: its first ``rounds`` rounds (more for a long run of
-    short rounds, up to 1/20 of them and at most 20, so the median round is not one sample),
-    only the last evaluating."""
+    """The configuration's timing trial: its first :func:`timed_rounds` rounds."""
     raw = spec.to_dict()
-    timed = min(spec.federation.rounds, max(rounds, min(20, spec.federation.rounds // 20)))
-    raw["federation"]["rounds"] = timed
-    raw["eval_every"] = timed
+    raw["federation"]["rounds"] = timed_rounds(spec, rounds)
     return validate(raw)
 
 
@@ -91,10 +93,6 @@ def held(spec: ExperimentSpec, kind: str) -> float:
     return workers * spec.resources.cpus_per_worker + spec.resources.coordinator_cpus
 
 
-def evaluations(spec: ExperimentSpec) -> int:
-    return sum(spec.evaluates(r) for r in range(1, spec.federation.rounds + 1))
-
-
 def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[SearchPlan],
           probes: list[Trial], stage_wall_s: float, replicates: int = 0) -> Estimate:
     """Each configuration's cost per trial from its timing trial's tables (see module doc);
@@ -105,16 +103,13 @@ def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[Se
     sweep_s = max(0.0, (stage_wall_s - sum(walls.get(t.trial_id, 0.0)
                                            for t in estimate.trials)) / len(estimate.trials))
 
-    def parts(trial_id: str) -> tuple[float, float, float]:
+    def parts(trial_id: str) -> tuple[float, float]:
         rows = rounds[(rounds["trial_id"] == trial_id) & (rounds["round"] >= 1)]
-        times = rows.sort_values("round")["round_s"].tolist()
+        times = rows["round_s"].tolist()
         if not times:
             raise RuntimeError(f"the timing trial {trial_id} recorded no round; see its error "
                                "in the trials table")
-        plain = times[1:-1] or times[:1]
-        train = statistics.median(plain)
-        evaluate = max(0.0, times[-1] - train) if len(times) > 1 else 0.0
-        return max(0.0, walls[trial_id] - sum(times)), train, evaluate
+        return max(0.0, walls[trial_id] - sum(times)), statistics.fmean(times)
 
     timed = {t.trial_id: parts(t.trial_id) for t in estimate.trials}
     startup = 0.0
@@ -135,30 +130,27 @@ def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[Se
         startup = max(startup, timed[cold][0] - warm)
         timed[cold] = (min(timed[cold][0], warm),) + timed[cold][1:]
 
-    def measured(trial_id: str) -> tuple[float, float, float]:
-        return timed[trial_id]
+    def cost(spec: ExperimentSpec) -> tuple[float, float, float]:
+        fixed, per_round = timed[estimate.timed[configuration(spec)]]
+        return fixed, per_round, sweep_s + fixed + spec.federation.rounds * per_round
 
     by_config: dict[str, list[Trial]] = {}
     for trial in trials:
         by_config.setdefault(configuration(trial.spec), []).append(trial)
     out = []
-    for key, group in by_config.items():
+    for group in by_config.values():
         spec = group[0].spec
-        fixed, train, evaluate = measured(estimate.timed[key])
-        total = sweep_s + fixed + spec.federation.rounds * train + evaluations(spec) * evaluate
+        fixed, per_round, total = cost(spec)
         out.append(Cost(f"{spec.name} · {group[0].label.rsplit(' seed=', 1)[0]}", len(group),
-                        fixed, train, evaluate, total, held(spec, "GPU"), held(spec, "CPU")))
+                        fixed, per_round, total, held(spec, "GPU"), held(spec, "CPU")))
     for search in plans:  # stage 1 at its budget, stage 2 at top_k × seeds, at the probes' mean
         mine = [p for p in probes if p.spec.method.name == search.entry.name]
-        each = statistics.fmean(
-            sweep_s + fixed + p.spec.federation.rounds * train + evaluations(p.spec) * evaluate
-            for p in mine
-            for fixed, train, evaluate in [measured(estimate.timed[configuration(p.spec)])])
+        each = statistics.fmean(cost(p.spec)[2] for p in mine)
         spec = mine[0].spec
         for stage, count in (("search", search.points * len(search.seeds)),
                              ("replicates", replicates)):
             out.append(Cost(f"{spec.name} · {search.entry.name} ({stage})", count, 0.0, 0.0,
-                            0.0, each, held(spec, "GPU"), held(spec, "CPU")))
+                            each, held(spec, "GPU"), held(spec, "CPU")))
     return Estimate(out, startup)
 
 
@@ -177,10 +169,10 @@ def render(estimate: Estimate, where: str, concurrency: list[tuple[str, int]]) -
     costs_ = estimate.costs
     lines = [f"estimate, timed on {where}:",
              f"  {'configuration':<58} {'trials':>6} {'fixed s':>8} {'s/round':>8} "
-             f"{'eval s':>7} {'per trial':>10}"]
+             f"{'per trial':>10}"]
     for c in costs_:
-        lines.append(f"  {c.label[:58]:<58} {c.trials:>6} {c.fixed_s:>8.2f} {c.train_s:>8.3f} "
-                     f"{c.eval_s:>7.3f} {_duration(c.trial_s):>10}")
+        lines.append(f"  {c.label[:58]:<58} {c.trials:>6} {c.fixed_s:>8.2f} {c.round_s:>8.3f} "
+                     f"{_duration(c.trial_s):>10}")
     count = sum(c.trials for c in costs_)
     gpu_h = sum(c.trial_s * c.gpus * c.trials for c in costs_) / 3600
     cpu_h = sum(c.trial_s * c.cpus * c.trials for c in costs_) / 3600
