@@ -3,8 +3,9 @@ distinct configuration where the sweep would run, and extrapolate to the whole s
 runs.
 
 Each configuration runs a timing trial (its first seed, the spec's data, model, method,
-resources and evaluation schedule, through the sweep's own runtime, one trial at a time so the
-figures are not inflated by neighbours) of R' = max(``--estimate-rounds``, R/10) of its R rounds,
+resources and evaluation schedule, through the sweep's own runtime, as many at once as the
+sweep would run, so neighbours slow it as they will) of R' = max(``--estimate-rounds``, R/10)
+of its R rounds,
 so that work a method does every few rounds (an evaluation, an epoch's α update, a refresh) is
 in the sample in its own proportion. From the timing tables:
 
@@ -12,7 +13,8 @@ in the sample in its own proportion. From the timing tables:
   one-shot setup round 0) = the trial's ``wall_s`` minus its rounds' ``round_s``;
 - ``rounds_s``: the timed rounds' ``round_s``, scaled by R / R';
 - ``sweep_s``: the sweep runtime's own cost per trial (Tune, placement group, actor reuse) =
-  the timed stage's wall minus its trials' ``wall_s``, per trial; the first trial of each
+  the timed stage's wall × its concurrency minus its trials' ``wall_s``, per trial; the first
+  trial of each
   bundle shape also starts that shape's actor processes, counted once per slot instead.
 
 A trial then costs ``sweep_s + fixed_s + rounds_s``; every seed of a configuration costs the
@@ -94,14 +96,15 @@ def held(spec: ExperimentSpec, kind: str) -> float:
 
 
 def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[SearchPlan],
-          probes: list[Trial], stage_wall_s: float, replicates: int = 0) -> Estimate:
+          probes: list[Trial], stage_wall_s: float, concurrency: int = 1,
+          replicates: int = 0) -> Estimate:
     """Each configuration's cost per trial from its timing trial's tables (see module doc);
     ``replicates``: the trials each searched method replicates (top_k × seeds)."""
     loaded = results.load(root)
     walls = {r["trial_id"]: r["wall_s"] for r in loaded["trials"].to_dict("records")}
     rounds = loaded["rounds"]
-    sweep_s = max(0.0, (stage_wall_s - sum(walls.get(t.trial_id, 0.0)
-                                           for t in estimate.trials)) / len(estimate.trials))
+    busy = sum(walls.get(t.trial_id, 0.0) for t in estimate.trials)
+    sweep_s = max(0.0, (stage_wall_s * concurrency - busy) / len(estimate.trials))
 
     def parts(trial_id: str) -> tuple[float, float]:
         rows = rounds[(rounds["trial_id"] == trial_id) & (rounds["round"] >= 1)]

@@ -568,8 +568,11 @@ def load_specs(args: argparse.Namespace, overrides: list[str]) -> Loaded:
         return Loaded(*loaded[0])
     else:
         return Loaded(loaded[0][0], everything, [], [])
+    # an estimate times its trials as many at once as the sweep would run them: on a machine
+    # they share, neighbours slow a trial down, and that is part of what is estimated
     derived = SweepSpec(name=name, experiment={}, seeds=[0], max_failures=0,
-                        max_concurrent=1 if args.estimate else args.max_concurrent)
+                        max_concurrent=args.max_concurrent or (loaded[0][0].max_concurrent
+                                                               if args.estimate else None))
     return Loaded(derived, mode.trials, [], [], mode, loaded[0])
 
 
@@ -774,10 +777,11 @@ def estimate_summary(root: str, loaded: Loaded, stage_wall_s: float, cluster: Ca
 
     sweep, trials, plans, probes = loaded.original
     sizing = trials + probes
-    costs = estimate.costs(root, loaded.mode, trials, plans, probes, stage_wall_s,
-                           replicates=sweep.top_k * len(sweep.seeds))
     here = sweep.max_concurrent or (concurrent_fit(sizing, cluster.most) if cluster.most
                                     else len(sizing))
+    timed_at = loaded.sweep.max_concurrent or min(here, len(loaded.trials))
+    costs = estimate.costs(root, loaded.mode, trials, plans, probes, stage_wall_s, timed_at,
+                           replicates=sweep.top_k * len(sweep.seeds))
     slots = [("at the spec's concurrency" if sweep.max_concurrent else f"on {where}", here)]
     if recipe is not None:
         slots.append((f"on {recipe.where}", concurrent_fit(sizing, recipe.most)))
