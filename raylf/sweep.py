@@ -684,11 +684,6 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines + notices))
         print(f"tables would go to {root}/tables/")
         return 0
-    try:
-        check_storage(root)  # before Ray starts: a storage that refuses writes is refused at once
-    except SpecError as err:
-        print(err, file=sys.stderr)
-        return EXIT_SPEC
     from raylf.raycluster import capacity, connect
 
     context = connect(args.address, args.num_gpus, wanted_gpus, num_cpus=args.num_cpus,
@@ -698,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if cluster.most is not None:  # else trials wait for the nodes an autoscaler adds
             check_plan(sizing, cluster.most)
+        check_storage(root)  # after the plan: impossible resources leave no directory behind
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC

@@ -153,7 +153,7 @@ GIVEN = [
 @pytest.mark.parametrize("arrays, scenario, field, fix", [c[1:] for c in GIVEN],
                          ids=[c[0] for c in GIVEN])
 def test_bad_given_partition(tmp_path, capsys, arrays, scenario, field, fix):
-    data = npz(tmp_path, x=np.zeros((40, 4), np.float32), y=np.arange(40) % 4, **arrays)
+    data = npz(tmp_path, x=np.eye(40, 4, dtype=np.float32), y=np.arange(40) % 4, **arrays)
     spec = experiment_file(tmp_path, dataset={"name": "npz", "path": data},
                            scenario={"name": "given", **scenario})
     code = run.main([str(spec), "--out", str(tmp_path / "out"), "--backend", "local"])
