@@ -22,6 +22,7 @@ from raylf.methods.pacfl import (
     class_bases,
     cluster,
     entrywise_distances,
+    merge_threshold,
     one_cluster_warning,
     principal_distances,
 )
@@ -142,9 +143,31 @@ def test_agglomerative_clusters_merge_within_the_threshold():
 
 def test_pacfl_says_when_its_threshold_makes_one_cluster():
     d = np.array([[0, 0.3], [0.3, 0]])
-    message = one_cluster_warning(d, PACFLParams())
-    assert "threshold 1.5 rad" in message and "largest 0.3 rad" in message
-    assert "entrywise" in message
+    paper = PACFLParams(threshold_scale="absolute", threshold=1.5)
+    message = one_cluster_warning(d, merge_threshold(d, paper), paper)
+    assert "β = 1.5 rad" in message and "largest 0.3 rad" in message
+    assert "threshold_scale: relative" in message
+    relative = PACFLParams()
+    message = one_cluster_warning(d, merge_threshold(d, relative), relative)
+    assert f"β = {0.3 * relative.threshold:.3g} rad" in message  # nearest neighbour: 0.3
+    assert "lower method.params.threshold" in message
+
+
+def test_relative_threshold_finds_groups_in_any_unit_where_the_papers_merges_everyone():
+    """Two groups of three whose subspaces lie about 0.01 rad apart inside a group and 0.1 rad
+    across (raw images: every angle small): 1.5 rad merges all six; the threshold relative to
+    the nearest-neighbour distance splits the groups, the same in radians and in degrees."""
+    g = np.random.default_rng(0)
+    groups = np.array([0, 0, 0, 1, 1, 1])
+    d = np.where(groups[:, None] == groups[None], 0.01, 0.1) * (1 + 0.1 * g.random((6, 6)))
+    d = np.triu(d, 1) + np.triu(d, 1).T
+    paper = PACFLParams(threshold_scale="absolute", threshold=1.5)
+    assert len(set(cluster(d, merge_threshold(d, paper), "average"))) == 1
+    ids = cluster(d, merge_threshold(d, PACFLParams()), "average")
+    assert ids.tolist() == groups.tolist()
+    degrees = np.rad2deg(d)
+    assert cluster(degrees, merge_threshold(degrees, PACFLParams(distance="entrywise")),
+                   "average").tolist() == groups.tolist()
 
 
 # ---- FedALA ------------------------------------------------------------------------------------

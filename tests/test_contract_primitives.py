@@ -394,3 +394,18 @@ def test_local_training_leaves_torch_dynamo_unimported():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_row_of_a_stacked_tensor_travels_alone():
+    """Extras that are rows of one stacked tensor (FedAMP's clouds, a group's model) are sent
+    on storages of their own: pickled as views, each would carry every row."""
+    import pickle
+
+    import torch
+
+    from raylf.runtime.coordinator import own_storage
+
+    stacked = torch.zeros(8, 1000)
+    row = own_storage(stacked[3])
+    assert len(pickle.dumps(row)) < 2 * 4000 < len(pickle.dumps(stacked[3]))
+    assert own_storage(stacked) is stacked and torch.equal(row, stacked[3])

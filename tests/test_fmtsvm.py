@@ -90,15 +90,41 @@ def test_upload_is_the_heads_only_through_a_real_local_round():
     assert rounds[0]["bytes_down"] / rounds[0]["participants"] == 2064 + 16 * 4
 
 
-@pytest.mark.parametrize("method, width, encoder_params", [
-    ("fmtsvm", 4, True), ("fed_pure_cnn", 5, True), ("fed_pure_svm", 4, False)])
-def test_model_head_width_per_method(method, width, encoder_params):
+@pytest.mark.parametrize("method, width, encoder_params, last", [
+    ("fmtsvm", 4, True, torch.nn.Linear), ("fed_pure_cnn", 5, True, torch.nn.ReLU),
+    ("fed_pure_svm", 4, False, torch.nn.Flatten)])
+def test_model_head_width_per_method(method, width, encoder_params, last):
     spec = example(f"method.name={method}")
     model = Blueprint(spec, build_federation(spec)).build_model()
     assert model.head.out_features == width
     pixels = spec.dataset.params.size ** 2
     assert model.head.in_features == (128 if encoder_params else pixels)  # raw pixels
     assert any(True for _ in model.encoder.parameters()) == encoder_params
+    # the validated defaults: FMT-SVM's linear features (eq. 7), FedPureCNN's ReLU
+    assert isinstance(list(model.encoder.modules())[-1], last)
+
+
+@pytest.mark.parametrize("method", ["fmtsvm", "fed_pure_cnn"])
+def test_encoder_features_are_linear_as_in_eq_7_unless_the_relu_is_asked_for(method):
+    """z = W_f·flatten + b_f by default (signed features); feature_relu keeps the cnn's ReLU
+    (non-negative features); the parameters, and so the layout and init, are the same."""
+    x = torch.from_numpy(load_source("digits", SOURCES.get("digits").Params()).x[:64])
+    models = {}
+    for relu in (False, True):
+        spec = native(f"method.name={method}", f"method.params.feature_relu={relu}")
+        models[relu] = Blueprint(spec, build_federation(spec)).build_model()
+    linear, relu = models[False].encoder, models[True].encoder
+    assert isinstance(linear[-1], torch.nn.Linear) and isinstance(relu[-1], torch.nn.ReLU)
+    assert [p.shape for p in linear.parameters()] == [p.shape for p in relu.parameters()]
+    with torch.no_grad():
+        z = linear(x)
+        assert (z < 0).any() and torch.equal(relu(x), z.clamp(min=0))
+
+
+def test_linear_features_on_an_encoder_without_a_final_relu_fail_clearly():
+    spec = native("model={name: mlp, hidden: []}")
+    with pytest.raises(SpecError, match="method.params.feature_relu: true"):
+        Blueprint(spec, build_federation(spec)).build_model()
 
 
 @pytest.mark.parametrize("name", ["digits", "digits_multitask"])
@@ -232,7 +258,9 @@ def test_composed_epsilon_grows_with_rounds():
 
 
 def test_dp_run_reports_per_round_and_composed_epsilon():
-    spec = native("federation.rounds=2", "method.params.dp.epsilon=1.0")
+    # clipped: noise of ~5x the heads' norm blows up the paper's unbounded linear features
+    spec = native("federation.rounds=2", "method.params.dp.epsilon=1.0",
+                  "federation.optimizer.grad_clip=1.0")
     rounds = run_experiment(spec, backend="local").tables["rounds"]
     assert [r["dp_epsilon_round"] for r in rounds] == [1.0, 1.0]
     assert rounds[0]["dp_epsilon_composed"] < rounds[1]["dp_epsilon_composed"]

@@ -1,5 +1,5 @@
 """HDC-FL and the baselines that are not clustered methods of their own: FedBABU and the
-clustered oracle; the donor-swap diagnostic on a tiny checkpointed run."""
+clustered oracles; the donor-swap diagnostic on a tiny checkpointed run."""
 
 from __future__ import annotations
 
@@ -64,10 +64,12 @@ def test_hdcfl_leaves_the_fedavg_se_encoder_trajectory_bit_for_bit_unchanged():
         baseline.run_round(rnd)
         assert torch.equal(personalized.coordinator.state["encoder"],
                            baseline.coordinator.state["encoder"])
-        assert {"silhouette", "ari_latent", "membership_entropy"} <= outcome.record.keys()
+        assert {"silhouette", "ari_latent", "membership_entropy", "groups_used"} \
+            <= outcome.record.keys()
     assert len(personalized.coordinator.state["prototypes"]) == 2
     mixed = [r for r in outcome.clients if r["deployable"] == "mixture" and r["mixture"]]
     assert mixed
+    assert outcome.record["groups_used"] == len({row["cluster"] for row in mixed})
     for row in mixed:
         weights = json.loads(row["mixture"])
         assert sum(weights) == pytest.approx(1.0, abs=1e-5)
@@ -118,12 +120,49 @@ def test_fedbabu_head_never_changes_during_federated_training():
     assert (tuned != plain).all()  # every client was fine-tuned before its finetuned row
 
 
-def test_clustered_oracle_refuses_a_scenario_without_groups_and_trains_one_encoder_per_group():
-    raw = small_spec_dict(method__name="clustered_oracle",
-                          scenario={"name": "dirichlet", "alpha": 0.5})
+@pytest.mark.parametrize("name", ["clustered_oracle", "clustered_oracle_se"])
+def test_oracles_refuse_a_scenario_without_groups(name):
+    raw = small_spec_dict(method__name=name, scenario={"name": "dirichlet", "alpha": 0.5})
     with pytest.raises(SpecError, match="latent group labels"):
         validate(raw)
-    runtime = runtime_of(spec_of("clustered_oracle"))
+
+
+def test_clustered_oracle_is_fedavg_inside_each_true_group():
+    """One whole model per group, started from the common init; after a round each group's
+    model is the n_k-weighted mean of its own participants' trained models, and every client
+    is scored with its group's model."""
+    runtime = runtime_of(spec_of("clustered_oracle", federation__participation=1.0))
+    coordinator = runtime.coordinator
+    init = coordinator.state["models"].clone()
+    trained = {}  # client → (trained vector, n_k, the model it started from)
+    for shard in coordinator.pool.shards:
+        def spy(payload, personal, data, extra, _real=shard.method.plan):
+            plan = _real(payload, personal, data, extra)
+
+            def finish(vector, _inner=plan.finish, _cid=data.cid, _n=data.n_train,
+                       _start=plan.start):
+                trained[_cid] = (vector.clone(), _n, _start.clone())
+                return _inner(vector)
+
+            return dataclasses.replace(plan, finish=finish)
+
+        shard.method.plan = spy
+    outcome = runtime.run_round(1)
+    groups = coordinator.method.ctx.latent_groups  # rotation: 0 and 1
+    models = coordinator.state["models"]
+    assert len(models) == 2 and torch.equal(init[0], init[1])
+    for g in (0, 1):
+        members = [c for c in trained if groups[c] == g]
+        assert members and all(torch.equal(trained[c][2], init[g]) for c in members)
+        n = torch.tensor([float(trained[c][1]) for c in members])
+        mean = (n[:, None] * torch.stack([trained[c][0] for c in members])).sum(0) / n.sum()
+        torch.testing.assert_close(models[g], mean)
+    assert not torch.equal(models[0], models[1])
+    assert all(row["cluster"] == groups[row["client_id"]] for row in outcome.clients)
+
+
+def test_clustered_oracle_se_trains_one_encoder_per_group():
+    runtime = runtime_of(spec_of("clustered_oracle_se"))
     init = runtime.coordinator.state["encoders"].clone()
     runtime.run_round(1)
     encoders = runtime.coordinator.state["encoders"]

@@ -10,12 +10,14 @@ import torch
 
 from raylf.config import SpecError, validate
 from raylf.data import build_federation
+from raylf.methods.base import MethodContext, Uploads
 from raylf.methods.ditto import Ditto, DittoParams
 from raylf.methods.fc import partition, threshold_clustering
-from raylf.methods.fedamp import attention_weights
+from raylf.methods.fedamp import FedAMP, FedAMPParams, attention_weights, squared_distances
 from raylf.methods.feddisco import disco_weights, kl_to_uniform
-from raylf.models import MODELS, build_model
+from raylf.models import MODELS, SplitModel, build_model
 from raylf.runtime.blueprint import Blueprint
+from raylf.training import ParamLayout
 from tests.conftest import small_spec_dict
 
 
@@ -68,17 +70,62 @@ def test_fedamp_attention_rows_sum_to_one_with_nonnegative_self_weight():
     torch.manual_seed(0)
     models = torch.cat([torch.zeros(3, 4), 5 + torch.zeros(2, 4)]) + 0.01 * torch.randn(5, 4)
     rows = torch.tensor([0, 3, 4])
+    dist = squared_distances(models, rows)
+    direct = ((models[rows, None] - models[None]) ** 2).sum(-1).double()
+    assert torch.allclose(dist, direct, atol=1e-6)  # the Gram form = direct distances
     for alpha_k, sigma in ((1.0, 1.0), (5.0, 0.5), (0.01, 100.0)):
-        xi = attention_weights(models, rows, alpha_k, sigma)
+        xi = attention_weights(dist, rows, alpha_k, sigma)
         assert torch.allclose(xi.sum(1), torch.ones(3, dtype=xi.dtype))
         assert (xi >= 0).all()
-    xi = attention_weights(models, rows, 0.1, 1.0)
+    xi = attention_weights(dist, rows, 0.1, 1.0)
     assert xi[0, 1] > xi[0, 3]  # close models attend to each other, far ones barely
     assert xi[0, 0] == pytest.approx(1 - float(xi[0, 1:].sum()))
-    distances = ((models[rows, None] - models[None]) ** 2).sum(-1).double()
-    off = 0.1 * torch.exp(-distances)
-    off[torch.arange(3), rows] = 0
-    assert torch.allclose(xi[0, 1:], off[0, 1:], atol=1e-9)  # the Gram form = direct distances
+    off = 0.1 * torch.exp(-direct)
+    assert torch.allclose(xi[0, 1:], off[0, 1:], atol=1e-6)
+
+
+def fedamp_after(models: torch.Tensor, rounds: int = 1, **params):
+    """FedAMP's server half after ``rounds`` rounds in which every client uploaded ``models``."""
+    n = len(models)
+    layout = ParamLayout.of(SplitModel(torch.nn.Identity(), torch.nn.Linear(models.shape[1], 1)))
+    ctx = MethodContext(layout, n, np.full(n, 10), 2, rounds, n, seed=0)
+    method = FedAMP(FedAMPParams(**params), ctx)
+    state = method.server_init(torch.zeros(models.shape[1]))
+    uploads = Uploads(np.arange(n), torch.full((n,), 10.0), tensors={"model": models})
+    for rnd in range(1, rounds + 1):
+        state, diagnostics = method.aggregate(state, uploads, rnd)
+    return method, state, diagnostics
+
+
+def test_fedamp_relative_attention_is_the_same_at_every_model_scale_and_absolute_collapses():
+    """Models 1,000× apart in scale (squared distances 10⁶×): the relative attention does not
+    change, while the paper's absolute σ = 1 turns FedAMP into local training (ξ_ii = 1)."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.cat([torch.zeros(3, 5), torch.ones(3, 5)]) + 0.2 * torch.randn(6, 5, generator=g)
+    rows = torch.arange(6)
+    small, state, first = fedamp_after(base)
+    assert "xi_self_mean" not in first  # round 1: every stored model was the common init
+    xi = small.weights(state, rows)
+    large, big_state, diagnostics = fedamp_after(1000 * base, rounds=2)
+    assert torch.allclose(large.weights(big_state, rows), xi, atol=1e-6)
+    assert 0 < diagnostics["xi_self_mean"] < 1
+    assert diagnostics["xi_self_mean"] == pytest.approx(float(xi.diagonal().mean()))
+    assert (xi[:3, :3].sum(1) > xi[:3, 3:].sum(1)).all()  # own cluster weighs more
+    _, _, absolute = fedamp_after(1000 * base, rounds=2, scale="absolute", sigma=1.0)
+    assert absolute["xi_self_mean"] == 1.0
+
+
+def test_fedamp_keeps_every_pairwise_distance_current_under_partial_participation():
+    g = torch.Generator().manual_seed(1)
+    method, state, _ = fedamp_after(torch.randn(5, 4, generator=g))
+    moved = torch.tensor([1, 3])
+    uploads = Uploads(moved.numpy(), torch.full((2,), 10.0),
+                      tensors={"model": torch.randn(2, 4, generator=g)})
+    state, _ = method.aggregate(state, uploads, 2)
+    everyone = torch.arange(5)
+    assert torch.allclose(state["dist"], squared_distances(state["models"], everyone), atol=1e-9)
+    assert state["scale"] == pytest.approx(float(torch.median(
+        state["dist"][torch.triu_indices(5, 5, 1).unbind()])))
 
 
 # ---- Ditto -------------------------------------------------------------------------------------

@@ -1,29 +1,98 @@
-"""Clustered oracle: FedAvg-SE run separately inside each true latent group (a reference that
-reads the scenario's group labels, the upper bound clustered methods are read against)."""
+"""Clustered oracles: references that read the scenario's true latent groups (``requires =
+{"groups"}``), the upper bounds clustered methods are read against.
+
+- ``clustered_oracle`` (methods.md: "Oracle: FedAvg inside each true latent group"): one whole
+  model per group, FedAvg-ed over that group's participants; the sweeps' oracle.
+- ``clustered_oracle_se``: FedAvg-SE inside each group (a shared encoder per group, private
+  heads), the reference for HDC-FL's prototypes, which are group encoders paired with private
+  heads.
+
+FedAvg inside fixed groups is also what PACFL runs once its clustering is done: the functions
+below (a client's group model as a per-client extra, its update as a share in its group, the
+scoring) serve both.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, register, share
+from raylf.methods.base import ClientUpdate, FitPlan, Method, register, score, share
+from raylf.methods.ifca import group_means
+
+
+# ---- FedAvg inside fixed groups (the oracle's and PACFL's) -------------------------------------
+def group_state(init: torch.Tensor, groups: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every group's model at the common init, and each client's group id (0..G−1)."""
+    return {"models": init.repeat(int(groups.max()) + 1, 1), "cluster": groups}
+
+
+def group_extras(state, client_ids) -> dict[int, dict]:
+    """A client's group id and model (per client, so bytes down count one model each)."""
+    ids = state["cluster"]
+    return {int(c): {"cluster": int(ids[c]), "model": state["models"][ids[c]]}
+            for c in client_ids}
+
+
+def group_plan(extra, data) -> FitPlan:
+    """FedAvg's update from the group model, uploaded as a share of weight n_k in the group."""
+    return FitPlan(extra["model"], lambda trained: ClientUpdate(
+        {"model": share(trained, data.n_train, extra["cluster"])}))
+
+
+def group_rows(trainer, extra, data) -> list[dict]:
+    """The group model scored on the client's evaluation split, with its group id."""
+    trainer.load(extra["model"])
+    return [score(trainer.predict(data.x_test), data.y_test) | {"cluster": extra["cluster"]}]
+
+
+def latent_group_ids(ctx) -> np.ndarray:
+    """Each client's true group as 0..G−1."""
+    assert ctx.latent_groups is not None, "validate refuses scenarios without latent groups"
+    return np.unique(ctx.latent_groups, return_inverse=True)[1]
 
 
 @register
 class ClusteredOracle(Method):
+    """A whole model per true latent group, n_k-averaged over the group's participants (shares
+    reduced per group on the workers); each participant downloads its group's model."""
+
+    name = "clustered_oracle"
+    requires = frozenset({"groups"})
+
+    def server_init(self, init):
+        return group_state(init, torch.as_tensor(latent_group_ids(self.ctx)))
+
+    def broadcast(self, state, rnd):
+        return {}
+
+    def extras(self, state, client_ids):
+        return group_extras(state, client_ids)
+
+    def aggregate(self, state, uploads, rnd):
+        return state | {"models": group_means(state["models"], uploads)}, {}
+
+    def plan(self, payload, personal, data, extra):
+        return group_plan(extra, data)
+
+    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
+        return group_rows(trainer, extra, data)
+
+
+@register
+class ClusteredOracleSE(Method):
     """One shared encoder per latent group, n_k-averaged over that group's participants (shares
     reduced per group on the workers); private heads as in FedAvg-SE. Every participant
     downloads the stacked group encoders, so bytes down count G encoders per client."""
 
-    name = "clustered_oracle"
+    name = "clustered_oracle_se"
     personal_state = True
     requires = frozenset({"groups"})
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        assert ctx.latent_groups is not None, "validate refuses scenarios without latent groups"
-        labels, self.group_of = np.unique(ctx.latent_groups, return_inverse=True)
-        self.num_groups = len(labels)
+        self.group_of = latent_group_ids(ctx)
+        self.num_groups = int(self.group_of.max()) + 1
 
     def server_init(self, init):
         encoder = init[self.ctx.layout.part("encoder")]

@@ -93,7 +93,7 @@ class FedCE(Method):
                 self.params_mask[slot.offset: slot.offset + slot.numel] = True
 
     @classmethod
-    def build_model(cls, spec_model, federation):
+    def build_model(cls, spec_model, federation, params):
         """The spec's model, once the scenario is known to hold validation data."""
         if not federation.has_val:
             raise SpecError([("scenario.val_fraction", (

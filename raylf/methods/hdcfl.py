@@ -169,7 +169,10 @@ class HDCFL(Method):
                  "membership": torch.zeros(n, groups)}
         state["assignment"][cached] = torch.from_numpy(labels)
         state["membership"][cached] = torch.from_numpy(pi).float()
-        diagnostics = {"cached_clients": float(len(cached)), "membership_entropy": entropy(pi)}
+        # groups_used: groups that are some cached client's strongest membership; 1 means the
+        # grouping collapsed (every client leans on the same prototype)
+        diagnostics = {"cached_clients": float(len(cached)), "membership_entropy": entropy(pi),
+                       "groups_used": float(len(np.unique(pi.argmax(1))))}
         if 1 < len(np.unique(labels)) < len(labels):
             diagnostics["silhouette"] = float(silhouette_score(z, labels))
         both = previous >= 0

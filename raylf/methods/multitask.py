@@ -22,10 +22,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
+from torch import nn
 
 from raylf.data.sources import SOURCES, load_source
 from raylf.errors import SpecError
 from raylf.methods.base import MethodParams
+from raylf.models import SplitModel
 from raylf.training import ParamLayout
 
 TASKS = ("binary", "multiclass")
@@ -88,6 +90,34 @@ class MultiTaskParams(MethodParams):
     def task_weight(self) -> float:
         """The factor in front of the task losses (the SVM's C; 1 for softmax heads)."""
         return 1.0
+
+
+FEATURE_RELU = ("false: features z = W_f·flatten + b_f, the paper's eq. 7 (the ReLU ending the "
+                "cnn / mlp encoder is dropped); true: keep that ReLU, so the heads see only "
+                "non-negative features")
+
+
+class EncoderParams(MultiTaskParams):
+    """For the methods with an encoder (FMT-SVM, FedPureCNN): the feature layer. Each method's
+    default is the one its validation data favoured (evidence: ``raylf.methods.fmtsvm``)."""
+
+    feature_relu: bool = Field(False, description=FEATURE_RELU)
+
+
+def linear_features(model: SplitModel, method: str) -> SplitModel:
+    """``model`` with the ReLU that ends its encoder removed (eq. 7's linear feature layer).
+
+    Only encoders built as a sequence ending in Linear → ReLU (``cnn``, ``mlp``) have that
+    ReLU; any other is refused rather than left silently unchanged."""
+    layers = list(model.encoder) if isinstance(model.encoder, nn.Sequential) else []
+    if len(layers) < 2 or not isinstance(layers[-1], nn.ReLU) \
+            or not isinstance(layers[-2], nn.Linear):
+        raise SpecError([("method.params.feature_relu", (
+            f"{method}'s linear features (eq. 7) drop the ReLU after the encoder's last Linear "
+            f"layer (models cnn and mlp); this model's encoder does not end in one: use model "
+            f"cnn, or set method.params.feature_relu: true to keep the encoder as built"))])
+    model.encoder = model.encoder[:-1]
+    return model
 
 
 class SVMParams(MultiTaskParams):
@@ -153,6 +183,14 @@ def multiclass_classes(method: str, federation) -> int:
 def head_outputs(kind: HeadKind, method: str, federation) -> int:
     """Width of the head a method builds for this federation's two tasks."""
     return kind.width(multiclass_classes(method, federation))
+
+
+def encoder_model(kind: HeadKind, method: str, spec_model, federation,
+                  params: EncoderParams) -> SplitModel:
+    """The spec's model with ``kind``'s head for the two tasks and, unless ``feature_relu``,
+    the paper's linear feature layer (a method's ``build_model`` hook)."""
+    model = spec_model(head_outputs(kind, method, federation))
+    return model if params.feature_relu else linear_features(model, method)
 
 
 def head_shape(layout: ParamLayout) -> tuple[int, int]:

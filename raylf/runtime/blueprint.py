@@ -35,9 +35,9 @@ class Blueprint:
         these weights; with an ``index``, the independently seeded model ``index`` (a cluster
         model of IFCA or FedSoft).
 
-        A method class may define ``build_model(spec_model, federation)`` to shape the model
-        itself (a head per task, no encoder); ``spec_model(outputs)`` builds the spec's model
-        with that many head outputs.
+        A method class may define ``build_model(spec_model, federation, params)`` to shape the
+        model itself (a head per task, no encoder, a linear feature layer); ``spec_model(outputs)``
+        builds the spec's model with that many head outputs, ``params`` are the method's.
         """
         # (1, index), not (index,): a seed key's trailing zeros are ignored, so index 0
         # would otherwise reproduce the common init
@@ -51,7 +51,8 @@ class Blueprint:
                                outputs)
 
         custom = getattr(METHODS.get(self.spec.method.name), "build_model", None)
-        return custom(spec_model, fed) if custom else spec_model(fed.num_classes)
+        return custom(spec_model, fed, self.spec.method.hparams) if custom else \
+            spec_model(fed.num_classes)
 
     @cached_property
     def layout(self) -> ParamLayout:

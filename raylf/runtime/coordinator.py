@@ -21,6 +21,16 @@ from raylf.metrics import summarize
 from raylf.runtime.blueprint import Blueprint
 from raylf.seeding import stream
 from raylf.training import tensor_bytes
+from raylf.tree import map_leaves
+
+
+def own_storage(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on a storage of its own. A per-client extra is often a row of a stacked
+    tensor (FedAMP's cloud models, a group's model, a per-step direction); pickled as it is, a
+    row carries the whole storage, so N clients' extras shipped N × N models (the smoke run's
+    VGG16 FedAMP held gigabytes in the object store)."""
+    whole = tensor.untyped_storage().nbytes()
+    return tensor.clone() if whole > tensor.numel() * tensor.element_size() else tensor
 
 
 class Pool(Protocol):
@@ -74,7 +84,8 @@ class Coordinator:
         extras = self.method.extras(self.state, np.sort(everyone))
         if not extras:
             return {}
-        return {s: {int(c): extras[int(c)] for c in ids if int(c) in extras}
+        return {s: {int(c): map_leaves(extras[int(c)], own_storage, torch.Tensor)
+                    for c in ids if int(c) in extras}
                 for s, ids in work.items()}
 
     def setup(self) -> RoundOutcome | None:
