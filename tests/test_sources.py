@@ -45,7 +45,7 @@ def test_missing_dataset_says_how_to_fetch(tmp_path: Path) -> None:
 
 def test_non_downloaded_sources_say_where_their_data_come_from(tmp_path: Path) -> None:
     path = tmp_path / "d.npz"
-    np.savez(path, x=np.zeros((4, 3), np.float32), y=np.arange(4) % 2)
+    np.savez(path, x=np.eye(4, 3, dtype=np.float32), y=np.arange(4) % 2)
     origins = {name: load_source(name, SOURCES.get(name).Params(**params)).origin
                for name, params in [("digits", {}), ("digits_multitask", {}),
                                     ("digits28", {"n_samples": 10}),
@@ -61,8 +61,8 @@ def test_npz_source_shapes_scaling_and_tasks(tmp_path: Path) -> None:
     data = load_source("npz", SOURCES.get("npz").Params(path=str(path)))
     assert data.x.shape == (12, 3, 5, 6) and np.allclose(data.x[0, :, 1, 2], x[0, 1, 2] / 255)
     assert data.num_classes == 4 and list(data.tasks) == ["parity"]
-    assert from_arrays({"x": np.zeros((3, 4, 4), np.float32), "y": np.zeros(3, int)}, "m") \
-        .x.shape == (3, 1, 4, 4)
+    assert from_arrays({"x": np.arange(48, dtype=np.float32).reshape(3, 4, 4),
+                        "y": np.arange(3) % 2}, "m").x.shape == (3, 1, 4, 4)
 
 
 @pytest.mark.parametrize("arrays, match", [
@@ -70,7 +70,7 @@ def test_npz_source_shapes_scaling_and_tasks(tmp_path: Path) -> None:
     ({"x": np.zeros(3), "y": np.zeros(3, int)}, "must be N×H×W"),
     ({"x": np.zeros((3, 4)), "y": np.zeros(4, int)}, "y in m must be 3 integer labels"),
     ({"x": np.zeros((3, 4)), "y": np.zeros(3)}, "integer labels"),
-    ({"x": np.zeros((3, 4)), "y": np.zeros(3, int), "y_t": np.zeros(2, int)}, "y_t in m"),
+    ({"x": np.zeros((3, 4)), "y": np.arange(3) % 2, "y_t": np.zeros(2, int)}, "y_t in m"),
 ])
 def test_npz_wrong_shapes_are_clear(arrays: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

@@ -248,7 +248,8 @@ def test_cli_writes_and_lists_standins_as_such(tmp_path: Path,
     target = tmp_path / "standin"
     assert datasets_main(["standin", "mnist", "--root", str(target), "--seed", "3"]) == 0
     out = capsys.readouterr().out
-    assert f"mnist: stand-in written to {target / 'mnist'} (seed 3, train 1,000, t10k 200)" in out
+    assert (f"mnist: stand-in written to {target / 'mnist'} (seed 3, preset size: train 1,000, "
+            "t10k 200)") in out
     assert f"dataset.root: {target}\n" in out
     for listed, state, written in ((target, "STAND-IN", "-"), (tmp_path, "absent", "written")):
         assert datasets_main(["list", "--root", str(listed)]) == 0
