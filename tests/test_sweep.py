@@ -126,12 +126,14 @@ def test_trial_metrics_accept_a_round_record(ray_cluster):
 
 
 class FakeTrial:
-    def __init__(self, trial_id):
+    """What the console reads of a Tune trial: ids, config, and the driver's copy of the
+    error of a failed attempt (``error_file``)."""
+
+    def __init__(self, trial_id, folder):
         self.trial_id = f"tune-{trial_id}"
         self.config = {"trial_id": trial_id}
-
-    def get_error(self):
-        return "Traceback …\nRuntimeError: boom"
+        self.error_file = str(folder / f"{trial_id}-error.txt")
+        Path(self.error_file).write_text("Traceback …\nRuntimeError: boom")
 
 
 @pytest.mark.parametrize("tty", [False, True])
@@ -154,10 +156,10 @@ def test_console_prints_a_line_per_finished_trial_and_colours_only_terminals(tmp
     stream = Stream()
     console = SweepConsole(GridStage(trials, "t", str(tmp_path)), stream)
     console.start({})
-    console.on_trial_start(0, [], FakeTrial(done.trial_id))
-    console.on_trial_result(0, [], FakeTrial(done.trial_id), {"round": 1})
-    console.on_trial_complete(0, [], FakeTrial(done.trial_id))
-    console.on_trial_error(0, [], FakeTrial(trials[1].trial_id))
+    console.on_trial_start(0, [], FakeTrial(done.trial_id, tmp_path))
+    console.on_trial_result(0, [], FakeTrial(done.trial_id, tmp_path), {"round": 1})
+    console.on_trial_complete(0, [], FakeTrial(done.trial_id, tmp_path))
+    console.on_trial_error(0, [], FakeTrial(trials[1].trial_id, tmp_path))
     console.finish()
     text = stream.getvalue()
     lines = [line.split("\r\x1b[K")[-1] for line in text.splitlines()]
