@@ -46,25 +46,25 @@ def setting_labels(trials: pd.DataFrame) -> pd.Series:
     triple, e.g. ``(k=3)``."""
     base = trials["dataset"].astype(str) + " · " + trials["scenario"].astype(str) + " · " + \
         trials["model"].astype(str)
-    labels = base.copy()
     fields = [c for c in trials if c.startswith(SETTING_FIELDS) and c not in NOT_SETTINGS]
-    for triple, group in trials.groupby(base, sort=False):
-        varied = _varied(group, [c for c in fields if group[c].notna().any()])
-        if varied:
-            names = _short(varied)
-            assigned = group.apply(lambda row, n=names: _assignments(row, n), axis=1)
-            labels[group.index] = [f"{triple} ({a})" if a else triple for a in assigned]
-    return labels
+    return _with_varied(trials, base, fields, "{} ({})")
 
 
 def config_labels(trials: pd.DataFrame) -> pd.Series:
     """The method, with the method parameters varied among its own trials: ``fedprox(mu=0.1)``."""
-    labels = trials["method"].astype(str).copy()
     params = [c for c in trials if c.startswith(METHOD_FIELDS)]
-    for method, group in trials.groupby("method", sort=False):
-        varied = _varied(group, [c for c in params if group[c].notna().any()])
+    return _with_varied(trials, trials["method"].astype(str), params, "{}({})")
+
+
+def _with_varied(trials: pd.DataFrame, names: pd.Series, fields: list[str],
+                 form: str) -> pd.Series:
+    """Each row's ``names`` entry, followed (as ``form``) by the ``fields`` that vary among the
+    rows sharing that name."""
+    labels = names.copy()
+    for name, group in trials.groupby(names, sort=False):
+        varied = _varied(group, [c for c in fields if group[c].notna().any()])
         if varied:
-            names = _short(varied)
-            assigned = group.apply(lambda row, n=names: _assignments(row, n), axis=1)
-            labels[group.index] = [f"{method}({a})" if a else method for a in assigned]
+            short = _short(varied)
+            assigned = group.apply(lambda row, n=short: _assignments(row, n), axis=1)
+            labels[group.index] = [form.format(name, a) if a else name for a in assigned]
     return labels

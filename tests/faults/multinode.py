@@ -124,6 +124,20 @@ def host(workers: list[dict], worker_types: dict | None, idle_timeout_s: float) 
     cluster.shutdown()
 
 
+
+def end_processes_under(temp_dir: str) -> None:
+    """End every process whose command line names ``temp_dir`` (a test cluster's Ray
+    daemons), each by its id, then remove the folder."""
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if any(temp_dir in part for part in p.info["cmdline"] or [])]
+    for proc in left:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=30)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
 class ClusterProcess:
     """The test's handle on a hosted cluster: start it, send it commands, and take it down
     with everything it started (autoscaled nodes included)."""
@@ -184,15 +198,7 @@ class ClusterProcess:
                 self.proc.wait(timeout=60)
         for pipe in (self.proc.stdin, self.proc.stdout):
             pipe.close()
-        left = [p for p in psutil.process_iter(["cmdline"])
-                if any(self.temp_dir in part for part in p.info["cmdline"] or [])]
-        for proc in left:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(left, timeout=30)
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        end_processes_under(self.temp_dir)
 
     def __enter__(self) -> ClusterProcess:
         return self

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,11 +14,11 @@ import tempfile
 import time
 import urllib.request
 
-import psutil
 import pytest
 
 from raylf import results
 from tests.faults.helpers import listing
+from tests.faults.multinode import end_processes_under
 from tests.test_ray_job import RAY, _free_port, _wait_for, wait_until_gone
 from tests.test_sweep import ROOT, write_sweep
 
@@ -43,15 +42,7 @@ def stop(nodes: list[subprocess.Popen], temp_dir: str) -> None:
         os.killpg(node.pid, signal.SIGKILL)
         node.wait(timeout=60)
         wait_until_gone(node.pid, 60)
-    left = [p for p in psutil.process_iter(["cmdline"])
-            if any(temp_dir in part for part in p.info["cmdline"] or [])]
-    for proc in left:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(left, timeout=30)
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    end_processes_under(temp_dir)
 
 
 @pytest.mark.slow
