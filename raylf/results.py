@@ -137,8 +137,7 @@ def read_table(root: str | Path, table_name: str) -> pa.Table | None:
     fs, base = filesystem(root)
     selector = pafs.FileSelector(f"{base}/tables/{table_name}", allow_not_found=True)
     files = sorted(i.path for i in fs.get_file_info(selector)
-                   if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-                   and not i.base_name.startswith("."))
+                   if i.type == pafs.FileType.File and i.base_name.endswith(".parquet"))
     if not files:
         return None
     parts = [pq.read_table(f, filesystem=fs) for f in files]

@@ -36,17 +36,26 @@ def filesystem(root: str | Path) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(root)
 
 
+STAGING = ".staging"
+
+
 def publish(fs: pafs.FileSystem, path: str, data: bytes | pa.Buffer) -> None:
     """Put ``data`` at ``path`` whole or not at all: readers (and a resumed sweep) never find a
     half-written file under the final name.
 
-    A local disk gets a uniquely named sibling renamed into place. An object store needs no
+    A local disk gets a uniquely named file in the hidden ``.staging`` subfolder renamed into
+    place. It is staged there, not beside the final name, because a listing of the folder reads
+    the names and then stats each one: a file renamed away in between fails the whole listing
+    (``FileNotFoundError`` naming the folder) for any reader of a live sweep. The stable
+    subfolder is all such a listing sees, and readers (``read_table``, pyarrow's dataset
+    discovery, which skips dot-names) pass over it. An object store needs no
     rename (it has none: pyarrow would copy and delete): an object becomes visible only when its
     upload completes, and a failed or killed upload leaves nothing. The bytes go in one write,
     so no error between two writes can close the upload with part of them."""
     if isinstance(fs, pafs.LocalFileSystem):
         folder, name = path.rsplit("/", 1)
-        tmp = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
+        fs.create_dir(f"{folder}/{STAGING}", recursive=True)
+        tmp = f"{folder}/{STAGING}/{name}.{uuid.uuid4().hex}.tmp"
         with fs.open_output_stream(tmp) as out:
             out.write(data)
         fs.move(tmp, path)

@@ -25,6 +25,7 @@ from raylf.methods.fedavg_se import FedAvgSE
 from raylf.models import MODELS, build_model
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
+from raylf.storage import STAGING
 from raylf.training import (
     LocalTrainer,
     ParamLayout,
@@ -236,7 +237,9 @@ def test_workers_write_personal_checkpoints_and_only_the_last_few_are_kept(small
     kept = [12 - 2 * i for i in range(CheckpointFolders.KEEP)]
     assert 0 < CheckpointFolders.KEEP < 6
     assert sorted(int(p.name.split("-")[1]) for p in folder.iterdir()) == sorted(kept)
-    assert sorted(p.name for p in (folder / "round-6").iterdir()) == ["worker-0.pt", "worker-1.pt"]
+    assert sorted(p.name for p in (folder / "round-6").iterdir()) == [
+        STAGING, "worker-0.pt", "worker-1.pt"]
+    assert not any((folder / "round-6" / STAGING).iterdir())  # every staged file moved in place
     fresh = LocalRuntime(Blueprint(spec, build_federation(spec)))
     fresh.restore(snapshots[-1])
     heads = {c: h for s in fresh.coordinator.pool.shards for c, h in s.personal.items()}

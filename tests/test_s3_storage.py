@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 import traceback
 
 import pyarrow.fs as pafs
@@ -35,6 +36,38 @@ def test_a_query_string_in_storage_is_refused_naming_the_environment(tmp_path, c
     assert sweep.main([str(spec), "--storage", storage]) == 2
     err = capsys.readouterr().err
     assert "--storage:" in err and "AWS_ENDPOINT_URL" in err and "Traceback" not in err
+
+
+def test_a_table_folder_can_be_read_while_trials_publish_into_it(tmp_path):
+    """The report on a live sweep lists ``tables/<table>/`` while trials finish. A listing reads
+    the names and then stats each: a staged file renamed away in between failed the whole listing
+    with ``FileNotFoundError`` naming the folder (seen in CI), so nothing is staged beside the
+    final names. The writer publishes many files while the reader lists without pause."""
+    fs, base = results.filesystem(tmp_path)
+    folder = f"{base}/tables/trials"
+    fs.create_dir(folder, recursive=True)
+    errors: list[BaseException] = []
+    writing = threading.Event()
+    writing.set()
+
+    def write_many():
+        for i in range(400):
+            storage.publish(fs, f"{folder}/t{i:04d}.parquet", b"x" * 64)
+        writing.clear()
+
+    writer = threading.Thread(target=write_many)
+    writer.start()
+    listings = 0
+    while writing.is_set():
+        try:
+            fs.get_file_info(pafs.FileSelector(folder))
+        except FileNotFoundError as err:
+            errors.append(err)
+        listings += 1
+    writer.join()
+    names = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(folder)))
+    assert not errors and listings > 1
+    assert names == [storage.STAGING] + [f"t{i:04d}.parquet" for i in range(400)]
 
 
 def test_ray_storage_errors_print_as_one_line_and_others_keep_their_traceback(tmp_path):
