@@ -87,7 +87,7 @@ def _judged(board: pd.DataFrame, table: pd.DataFrame,
     if "trial_id" in clients:
         clients = clients[clients["trial_id"].isin(set(ok["trial_id"]))]
     values = stats.paired_values(ok.dropna(subset=["_score"]), "_score",
-                                 stats.client_accuracy(clients))
+                                 stats.client_accuracy(stats.reported_rows(clients, ok)))
     judged = stats.versus(values, board.set_index(["setting", "entry"])["_rank"])
     judged["flags"] = guards.flags(ok, values, tables["rounds"], tables.get("alpha"))
     return judged

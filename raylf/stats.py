@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy.stats import bootstrap, friedmanchisquare, studentized_range, wilcoxon
 
 ALPHA = 0.05
 RESAMPLES = 2000
@@ -30,20 +29,44 @@ SEED_LEVEL = -1  # client_id of a value that is one per trial, not per client
 COLUMNS = ["trial_id", "setting", "entry", "method", "seed", "client_id", "value"]
 
 
+def reported_deployable(trials: pd.DataFrame, deployables: list[str],
+                        tasks: set[str]) -> str | None:
+    """Of ``deployables`` (in the order clients report them), the one a method reports: the one
+    whose metrics in ``trials`` (rows of one method or trial) carry no ``_<deployable>`` suffix.
+    The clients table's row order says nothing (Ditto's and FedAMP's shared-model rows may come
+    first); the metric names are what the engine wrote (``raylf.metrics.summarize``)."""
+    present = trials.dropna(axis=1, how="all")
+    task = "" if tasks <= {"main"} else f"_{sorted(tasks - {'main'})[0]}"
+    return next((d for d in deployables if f"acc_mean{task}_{d}" not in present), None)
+
+
+def reported_rows(clients: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
+    """The clients-table rows of each trial's reported deployable (:func:`reported_deployable`)
+    and test split; a trial absent from ``trials`` keeps all its test rows."""
+    rows = clients[clients["split"] == "test"] if "split" in clients else clients
+    if rows.empty or "deployable" not in rows or "trial_id" not in trials:
+        return rows
+    by_trial = trials.set_index("trial_id")
+    chosen = {}
+    for trial_id, own in rows.groupby("trial_id", sort=False):
+        if trial_id in by_trial.index:
+            tasks = set(own["task"].dropna()) if "task" in own else set()
+            chosen[trial_id] = reported_deployable(
+                by_trial.loc[[trial_id]], list(dict.fromkeys(own["deployable"].dropna())), tasks)
+    wanted = rows["trial_id"].map(chosen)
+    return rows[wanted.isna() | (rows["deployable"] == wanted)]
+
+
 def client_accuracy(clients: pd.DataFrame, at: pd.Series | None = None) -> pd.DataFrame:
-    """Per trial and client (``trial_id``, ``client_id``, ``value``): the test accuracy of the
-    trial's first deployable (the reported model) at its last evaluated round, or at the round
-    ``at`` gives by trial id; for a multi-task trial the mean over its tasks, as its headline."""
+    """Per trial and client (``trial_id``, ``client_id``, ``value``): the test accuracy at the
+    trial's last evaluated round, or at the round ``at`` gives by trial id; for a multi-task trial
+    the mean over its tasks, as its headline. ``clients``: :func:`reported_rows`."""
     needed = {"trial_id", "client_id", "round", "accuracy"}
     if clients.empty or not needed <= set(clients):
         return pd.DataFrame(columns=["trial_id", "client_id", "value"])
-    rows = clients[clients["split"] == "test"] if "split" in clients else clients
-    if "deployable" in rows:
-        first = rows.groupby("trial_id", sort=False)["deployable"].transform("first")
-        rows = rows[rows["deployable"] == first]
-    wanted = rows["trial_id"].map(at) if at is not None else \
-        rows.groupby("trial_id")["round"].transform("max")
-    rows = rows[rows["round"] == wanted]
+    wanted = clients["trial_id"].map(at) if at is not None else \
+        clients.groupby("trial_id")["round"].transform("max")
+    rows = clients[clients["round"] == wanted]
     return (rows.groupby(["trial_id", "client_id"], as_index=False, sort=False)["accuracy"]
             .mean().rename(columns={"accuracy": "value"}))
 
@@ -84,14 +107,17 @@ class Paired:
 def paired(a: pd.Series, b: pd.Series, seed: int = 0) -> Paired | None:
     """``a`` against ``b``, both indexed by the pairing key (seed, client); None when they share
     no key. One pair has no interval (nan)."""
+    import scipy.stats  # here, not at the top: 1 s of every sweep CLI's start on 2 cores
+
     both = pd.concat({"a": a, "b": b}, axis=1, join="inner").dropna()
     if both.empty:
         return None
     d = (both["a"] - both["b"]).to_numpy(float)
     low = high = math.nan
     if len(d) > 1:
-        interval = bootstrap((d,), np.mean, n_resamples=RESAMPLES, method="percentile",
-                             rng=np.random.default_rng(seed)).confidence_interval
+        interval = scipy.stats.bootstrap(
+            (d,), np.mean, n_resamples=RESAMPLES, method="percentile",
+            rng=np.random.default_rng(seed)).confidence_interval
         low, high = float(interval.low), float(interval.high)
     # zsplit: a zero difference (a client both score alike, common on bounded accuracies) splits
     # its rank between the signs, so every pair counts and identical methods get p = 1. With
@@ -99,7 +125,7 @@ def paired(a: pd.Series, b: pd.Series, seed: int = 0) -> Paired | None:
     # seconds per call; its normal approximation with the tie correction stands in there.
     tied_ranks = bool((d == 0).any()) or len(np.unique(np.abs(d))) < len(d)
     method = "asymptotic" if tied_ranks and len(d) <= 13 else "auto"
-    p = float(wilcoxon(d, zero_method="zsplit", method=method).pvalue)
+    p = float(scipy.stats.wilcoxon(d, zero_method="zsplit", method=method).pvalue)
     return Paired(float(d.mean()), low, high, p, len(d))
 
 
@@ -188,14 +214,16 @@ class RankTest:
 def rank_test(means: pd.DataFrame, higher_is_better: bool = True) -> RankTest | None:
     """Over :func:`shared_block` of ``means`` (entries × settings); None unless the block has
     at least two settings and three entries (Friedman's test compares at least three)."""
+    import scipy.stats  # as in :func:`paired`
+
     settings, entries = shared_block(means.notna())
     if len(settings) < 2 or len(entries) < 3:
         return None
     block = means.loc[entries, settings]
     with np.errstate(invalid="ignore", divide="ignore"):  # every setting tied: nan
-        result = friedmanchisquare(*block.to_numpy(float))
+        result = scipy.stats.friedmanchisquare(*block.to_numpy(float))
     k, n = len(entries), len(settings)
-    q = studentized_range.ppf(1 - ALPHA, k, np.inf) / math.sqrt(2)
+    q = scipy.stats.studentized_range.ppf(1 - ALPHA, k, np.inf) / math.sqrt(2)
     return RankTest(settings, average_ranks(block, higher_is_better).sort_values(),
                     float(result.statistic), float(result.pvalue),
                     float(q * math.sqrt(k * (k + 1) / (6 * n))))

@@ -111,17 +111,24 @@ def test_per_seed_values_where_a_setting_lacks_client_rows():
     assert values.loc["c0", "value"].tolist() == [0.6, 0.8]
 
 
-def test_client_accuracy_takes_the_first_deployable_on_test_at_the_last_round():
+def test_client_accuracy_takes_the_reported_deployable_on_test_at_the_last_round():
+    """Ditto reports its personal models (``acc_mean``) and suffixes the global one
+    (``acc_mean_a_global``); the clients table holds the global rows first."""
     rows = [{"trial_id": "t", "round": r, "client_id": 0, "split": split, "deployable": d,
              "task": task, "accuracy": acc}
             for r, split, d, task, acc in [
-                (1, "test", "personal", "main", 0.1), (2, "test", "personal", "a", 0.6),
-                (2, "test", "personal", "b", 0.8), (2, "val", "personal", "a", 0.0),
-                (2, "test", "global", "a", 0.0)]]
-    frame = stats.client_accuracy(pd.DataFrame(rows))
+                (2, "test", "global", "a", 0.0), (1, "test", "personal", "main", 0.1),
+                (2, "test", "personal", "a", 0.6), (2, "test", "personal", "b", 0.8),
+                (2, "val", "personal", "a", 0.0)]]
+    trials = pd.DataFrame([{"trial_id": "t", "acc_mean_a": 0.6, "acc_mean_a_global": 0.0}])
+    reported = stats.reported_rows(pd.DataFrame(rows), trials)
+    assert set(reported["deployable"]) == {"personal"} and set(reported["split"]) == {"test"}
+    frame = stats.client_accuracy(reported)
     assert frame["value"].tolist() == [pytest.approx(0.7)]  # mean over the two tasks
-    at_first = stats.client_accuracy(pd.DataFrame(rows), pd.Series({"t": 1}))
+    at_first = stats.client_accuracy(reported, pd.Series({"t": 1}))
     assert at_first["value"].tolist() == [pytest.approx(0.1)]
+    swapped = trials.rename(columns={"acc_mean_a_global": "acc_mean_a_personal"})
+    assert set(stats.reported_rows(pd.DataFrame(rows), swapped)["deployable"]) == {"global"}
 
 
 def test_ranks_only_over_methods_that_share_the_settings():

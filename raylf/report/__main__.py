@@ -1,6 +1,10 @@
-"""``python -m raylf.report SWEEP_DIR [--out DIR] [--format md|html|latex]``.
+"""``python -m raylf.report SWEEP_DIR [--out DIR] [--format md|html|latex] [--paper NAME]``.
 
-Exit codes: 0 written, 2 no sweep at SWEEP_DIR (nothing written), 1 the storage failed."""
+With ``--paper`` it writes that paper's scorecard (``raylf.report.scorecard``: its published
+figures and claims against this sweep) instead of the report, into the same folder.
+
+Exit codes: 0 written, 2 no sweep at SWEEP_DIR, an unknown paper, or a sweep that holds nothing
+of the paper (nothing written), 1 the storage failed."""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ import argparse
 import sys
 
 from raylf import results
-from raylf.report import FORMATS, write_report
+from raylf.report import FORMATS, papers, write_report
+from raylf.report.scorecard import write_scorecard
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,10 +21,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sweep_dir", help="a sweep or experiment directory (path or s3://, gs://)")
     parser.add_argument("--out", help="where to write the report (default SWEEP_DIR/report)")
     parser.add_argument("--format", choices=sorted(FORMATS), default="md")
+    parser.add_argument("--paper", metavar="|".join(papers.names()),
+                        help="write this paper's scorecard instead of the report")
     args = parser.parse_args(argv)
+    if args.paper is not None and args.paper not in papers.names():
+        print(f"error: unknown paper {args.paper!r}; papers: {', '.join(papers.names())}",
+              file=sys.stderr)
+        return 2
     try:
-        written = write_report(args.sweep_dir, args.out, (args.format,))
-    except (ValueError, FileNotFoundError) as err:  # no sweep there: the user's mistake
+        if args.paper:
+            written = write_scorecard(args.sweep_dir, args.paper, args.out, (args.format,))
+        else:
+            written = write_report(args.sweep_dir, args.out, (args.format,))
+    except (ValueError, FileNotFoundError) as err:  # no sweep there, or none of the paper
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # storage that did not answer: run it again once it does
@@ -29,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         fs, path = results.filesystem(written["md"])
         with fs.open_input_stream(path) as stream:
             print(stream.read().decode())
-    print(f"report: {written[args.format]}")
-    print(f"figures: {written['figures']}/")
+    print(f"{'scorecard' if args.paper else 'report'}: {written[args.format]}")
+    if not args.paper:
+        print(f"figures: {written['figures']}/")
     return 0
 
 

@@ -58,10 +58,7 @@ class Sweep:
             return stats.paired_values(ok, value)
         round_column = PER_CLIENT[value]
         at = ok.set_index("trial_id")[round_column] if round_column else None
-        clients = self.clients
-        if "status" in clients:
-            clients = clients[clients["status"] == "ok"]
-        return stats.paired_values(ok, value, stats.client_accuracy(clients, at))
+        return stats.paired_values(ok, value, stats.client_accuracy(self.reported_clients, at))
 
     def versus(self, value: str = "score", higher_is_better: bool = True) -> pd.DataFrame:
         """``raylf.stats.versus`` per (setting, configuration) on the seed mean of ``value``,
@@ -93,11 +90,20 @@ class Sweep:
     def primary_deployable(self, method: str) -> str | None:
         """The method's deployable whose metrics carry no ``_<deployable>`` suffix: the one
         reported (the others are e.g. ``acc_mean_own_heads``)."""
-        trials = self.trials[self.trials["method"] == method].dropna(axis=1, how="all")
         tasks = set(self.clients.loc[self.clients["method"] == method, "task"].dropna())
-        task = "" if tasks <= {"main"} else f"_{sorted(tasks - {'main'})[0]}"
-        return next((d for d in self.deployables(method)
-                     if f"acc_mean{task}_{d}" not in trials), None)
+        return stats.reported_deployable(self.trials[self.trials["method"] == method],
+                                         self.deployables(method), tasks)
+
+    @property
+    def reported_clients(self) -> pd.DataFrame:
+        """Test-split rows of each ok trial's reported deployable (``stats.reported_rows``):
+        what any per-client comparison is made on."""
+        if "reported_clients" not in self._cache:
+            clients = self.clients
+            if "status" in clients:
+                clients = clients[clients["status"] == "ok"]
+            self._cache["reported_clients"] = stats.reported_rows(clients, self.trials)
+        return self._cache["reported_clients"]
 
 
 def load(root: str | Path) -> Sweep:

@@ -78,15 +78,9 @@ def learning_curves(sweep: Sweep) -> Plot | None:
 def _last_round_clients(sweep: Sweep) -> pd.DataFrame:
     """Test-split rows of the reported deployable after each ok trial's last evaluation, one
     accuracy per client (the mean over tasks for multi-task trials)."""
-    clients = sweep.clients
+    clients = sweep.reported_clients
     if clients.empty:
         return clients
-    clients = clients[clients["status"] == "ok"]
-    if "split" in clients:
-        clients = clients[clients["split"] == "test"]
-    if "deployable" in clients:
-        primary = {m: sweep.primary_deployable(m) for m in clients["method"].unique()}
-        clients = clients[clients["deployable"] == clients["method"].map(primary)]
     last = clients[clients["round"] == clients.groupby("trial_id")["round"].transform("max")]
     return (last.groupby(["trial_id", "config", "setting", "client_id"])["accuracy"].mean()
             .reset_index())
