@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 import yaml
 from pydantic import Field
 
@@ -46,16 +45,13 @@ class SoakFedAvg(FedAvg):
     name = "soak_fedavg"
     Params = SoakParams
 
-    def broadcast(self, state, rnd):
-        return {**super().broadcast(state, rnd), "round": torch.tensor(rnd)}
-
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         if random.random() < self.params.kill_probability:
             import ray
 
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
             time.sleep(60)  # the kill lands while the round is in flight
-        return super().local_update(trainer, payload, personal, data, seed, extra)
+        return super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
 
 
 if "soak_fedavg" not in METHODS:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from raylf.config import ExperimentSpec, validate
+from raylf.config import ExperimentSpec, set_path, validate
 from raylf.data import sources
 from raylf.data.federation import Federation, build_federation
 from raylf.data.sources import SourceData
@@ -127,12 +127,8 @@ def scaling_spec(num_clients: int, participants: int, rounds: int) -> dict[str, 
 def with_fields(base: dict[str, Any], **fields: Any) -> dict[str, Any]:
     """A deep copy of ``base`` with fields set by path, ``federation__rounds=3`` style."""
     raw = copy.deepcopy(base)
-    for dotted, value in fields.items():
-        node = raw
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
+    for key, value in fields.items():
+        set_path(raw, key.replace("__", "."), value)
     return raw
 
 

@@ -283,19 +283,26 @@ def _apply_preset(raw: dict[str, Any], source: str | None) -> dict[str, Any]:
     return presets.merge_under(presets.get(name), rest)
 
 
+def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``value`` at ``dotted`` (``federation.optimizer.lr``) in a raw spec, creating the
+    mappings on the way. The one setter behind command-line overrides, a sweep's ``overrides``
+    and the specs tests and benchmarks build in code, so a path means the same everywhere."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError([(dotted, f"{part!r} is not a mapping, cannot set a field inside it")])
+        node = child
+    node[leaf] = value
+
+
 def set_dotted(tree: dict[str, Any], assignment: str) -> None:
     """Apply one ``dotted.key=value`` override; the value is read as YAML (numbers, lists, …)."""
     key, sep, text = assignment.partition("=")
     if not sep or not key:
         raise SpecError([(assignment, "an override must look like dotted.key=value")])
-    *parents, leaf = key.strip().split(".")
-    node = tree
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise SpecError([(key, f"{part!r} is not a mapping, cannot set a field inside it")])
-        node = child
-    node[leaf] = read_yaml(text) if text.strip() else None
+    set_path(tree, key.strip(), read_yaml(text) if text.strip() else None)
 
 
 def load_raw(path: str | Path) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -32,6 +33,16 @@ class Registry(Generic[T]):
             return item
 
         return add
+
+    @contextmanager
+    def temporarily(self, name: str, item: T) -> Iterator[T]:
+        """``item`` registered under ``name`` inside a ``with`` block only: a class can be run
+        through specs (``raylf.testing.check_method``) without joining the registry for good."""
+        self.register(name)(item)
+        try:
+            yield item
+        finally:
+            del self._items[name]
 
     def get(self, name: str) -> T:
         try:

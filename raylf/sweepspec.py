@@ -27,6 +27,7 @@ from raylf.config import (
     load_raw,
     read_yaml,
     set_dotted,
+    set_path,
     validate,
 )
 from raylf.experiment import default_trial_id
@@ -305,21 +306,11 @@ def _base(sweep: SweepSpec, folder: Path, source: str) -> dict[str, Any]:
     raise SpecError([("base", f"base spec not found: {sweep.base}")], source)
 
 
-def _assign(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for part in parents:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise SpecError([(dotted, f"{part!r} is not a mapping")])
-    node[leaf] = copy.deepcopy(value)
-
-
 def _resolved_base(sweep: SweepSpec, folder: Path, source: str | None) -> dict[str, Any]:
     base = _base(sweep, folder, source or sweep.name)
     base["name"] = sweep.name
     for dotted, value in sweep.overrides.items():
-        _assign(base, dotted, value)
+        set_path(base, dotted, copy.deepcopy(value))
     if sweep.resources is not None:
         base["resources"] = {**base.get("resources", {}), **sweep.resources}
     return base
@@ -336,7 +327,7 @@ def build_trial(base: dict[str, Any], entry: MethodEntry, point: dict[str, Any],
     raw["method"] = {"name": entry.name, "params": copy.deepcopy(entry.params)}
     raw["seed"] = seed
     for dotted, value in {**entry.overrides, **point}.items():
-        _assign(raw, dotted, value)
+        set_path(raw, dotted, copy.deepcopy(value))
     spec = validate(raw)
     return Trial(default_trial_id(spec), spec, point)
 

@@ -9,7 +9,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import pytest  # noqa: E402
 
-from raylf.config import validate  # noqa: E402
+# the contract checks' plain asserts explain themselves in this suite as a test's own do
+pytest.register_assert_rewrite("raylf.testing")
+
+from raylf.config import set_path, validate  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -49,35 +52,9 @@ def small_spec_dict(**changes) -> dict:
         "eval_every": 2,
         "resources": {"workers": 2, "cpus_per_worker": 0.5, "gpus_per_worker": 0.25},
     }
-    for dotted, value in changes.items():
-        node = spec
-        *parents, leaf = dotted.split("__")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+    for key, value in changes.items():  # federation__rounds=3: "__" for the dots of a path
+        set_path(spec, key.replace("__", "."), value)
     return spec
-
-
-TIMING = {"round_s", "wall_s", "trial_id", "worker_peak_mb"}  # measurements, not results
-
-
-def without_timing(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
-
-
-def run_local_as_a_ray_worker(spec) -> dict:
-    """The in-process reference run's tables with one torch thread, as a Ray worker of these
-    specs has (its threads = its CPUs): the arithmetic the Ray backend must reproduce."""
-    import torch
-
-    from raylf.experiment import run_experiment
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return run_experiment(spec, backend="local").tables
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -81,7 +81,8 @@ def test_ifca_client_joins_the_fitting_model_and_shares_in_its_group():
     models = torch.stack([init, init.flip(0), good, -good])
     method = IFCA(IFCAParams(clusters=4, loss_samples=8), context(trainer))
     x, y = separable()
-    update = method.local_update(trainer, {"models": models}, None, client(x, y), 1, None)
+    update = method.local_update(trainer, {"models": models}, None, client(x, y), 1, None,
+                                 rnd=1)
     share = update.upload["model"]
     assert isinstance(share, Share) and share.weights == {2: 16.0}
     rows = method.evaluate(trainer, {"models": models}, None, client(x, y), None, rnd=1, seed=0)
@@ -200,7 +201,8 @@ def test_fedala_first_round_skips_ala_and_the_start_phase_runs_once():
     data = client(x, y)
     start, after = method.adapt(trainer, init, personal, data, seed=1)
     assert torch.equal(start, init) and after["started"] is False
-    update = method.local_update(trainer, {"model": init + 0.5}, personal, data, 1, None)
+    update = method.local_update(trainer, {"model": init + 0.5}, personal, data, 1, None,
+                                 rnd=1)
     assert update.personal["started"] is True
     assert torch.equal(update.upload["model"], update.personal["model"])
 

@@ -71,7 +71,7 @@ class TwoGroups(FedAvgSE):
             encoders[group] = uploads.mean("encoder", group)
         return {"encoders": encoders, "last": uploads}, {}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         trainer.load(payload["encoders"][data.cid % 2], "encoder")
         trainer.load(personal, "head")
         trainer.fit(data.x_train, data.y_train, seed=seed)
@@ -153,7 +153,7 @@ class Refresh(FedAvgSE):
     def collect(self, state, rnd):
         return {} if rnd % 2 == 0 else None
 
-    def report(self, trainer, payload, personal, data, seed, extra):
+    def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
         return ClientUpdate({"norm": share(personal.norm()[None], 1.0)}, personal)
 
     def receive_reports(self, state, uploads, rnd):
@@ -184,8 +184,8 @@ class TwoFits(FedAvgSE):
 
     name = "toy_two_fits"
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
-        update = super().local_update(trainer, payload, personal, data, seed, extra)
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+        update = super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
         trainer.fit(data.x_train, data.y_train, seed=seed, epochs=1,
                     loss_fn=lambda out, y: F.cross_entropy(out, y) * 1e9)
         return update

@@ -136,8 +136,8 @@ def test_clustered_oracle_is_fedavg_inside_each_true_group():
     init = coordinator.state["models"].clone()
     trained = {}  # client → (trained vector, n_k, the model it started from)
     for shard in coordinator.pool.shards:
-        def spy(payload, personal, data, extra, _real=shard.method.plan):
-            plan = _real(payload, personal, data, extra)
+        def spy(payload, personal, data, extra, *, rnd, _real=shard.method.plan):
+            plan = _real(payload, personal, data, extra, rnd=rnd)
 
             def finish(vector, _inner=plan.finish, _cid=data.cid, _n=data.n_train,
                        _start=plan.start):

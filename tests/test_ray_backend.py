@@ -7,7 +7,7 @@ import pytest
 from raylf.config import SpecError
 from raylf.experiment import run_experiment
 from raylf.runtime.ray_backend import bundles, check_fits, warm_actors
-from tests.conftest import run_local_as_a_ray_worker, without_timing
+from raylf.testing import run_local_as_a_ray_worker, without_timing
 
 
 @pytest.mark.parametrize("method", ["fedavg_se", "fedavg"])  # sharded / replicated client data

@@ -140,7 +140,8 @@ def test_ditto_personal_model_moves_towards_the_global_one_as_lambda_grows():
     distances = []
     for lam in (0.0, 1.0, 10.0):
         method = Ditto(DittoParams(lam=lam), blueprint.context())
-        update = method.local_update(trainer, {"model": anchor}, start.clone(), data, 5, None)
+        update = method.local_update(trainer, {"model": anchor}, start.clone(), data, 5, None,
+                                     rnd=1)
         distances.append(float((update.personal - anchor).norm()))
     assert distances[0] > distances[1] > distances[2]
 

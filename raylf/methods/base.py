@@ -13,6 +13,13 @@ FedSoft's importance estimation); then evaluation. Before round 1, methods that 
 plain functions of tensors and dicts; nothing here imports Ray, so a method is unit-testable on
 its own and runs unchanged on every backend.
 
+Every hook that belongs to a round is told its number ``rnd``: server hooks as a positional
+argument, client hooks (``plan``, ``local_update``, ``report``, ``evaluate``) as a
+keyword. A method never needs to carry the round in its payloads (where it would be counted as
+bytes on the wire) or in its server state (where a checkpoint would have to keep it). Evaluation
+after round r sends what round r + 1 would (``broadcast`` and ``extras`` get r + 1) and scores
+it with ``evaluate(…, rnd=r)``.
+
 What a client uploads is a dict of tensors. A plain tensor reaches the server stacked with the
 other senders' (``Uploads.tensors``); a ``Share`` is a term of a weighted sum per group that the
 workers reduce (``Uploads.mean(key, group)``), so clustered methods never pull one vector per
@@ -219,8 +226,10 @@ class Method:
     def broadcast(self, state: dict[str, Any], rnd: int) -> Tensors:
         raise NotImplementedError
 
-    def extras(self, state: dict[str, Any], client_ids: np.ndarray) -> dict[int, Any]:
-        """Small per-client messages next to the broadcast (a cluster id, mixture weights)."""
+    def extras(self, state: dict[str, Any], client_ids: np.ndarray,
+               rnd: int) -> dict[int, Any]:
+        """Small per-client messages next to round ``rnd``'s broadcast (a cluster id, mixture
+        weights), or next to its ``collect`` payload in the collect phase."""
         return {}
 
     def aggregate(self, state: dict[str, Any], uploads: Uploads,
@@ -253,7 +262,8 @@ class Method:
         (PACFL's subspace bases, FedDisco's label histograms); counted in bytes like any."""
         return {}
 
-    def plan(self, payload: Tensors, personal: Any, data: ClientData, extra: Any) -> FitPlan:
+    def plan(self, payload: Tensors, personal: Any, data: ClientData, extra: Any, *,
+             rnd: int) -> FitPlan:
         """The local update declared as a ``FitPlan`` (then ``local_update`` need not be
         written, and the runtime may train clients in cohorts)."""
         raise NotImplementedError
@@ -265,13 +275,13 @@ class Method:
         return cls.plan is not Method.plan and cls.local_update is Method.local_update
 
     def local_update(self, trainer: LocalTrainer, payload: Tensors, personal: Any,
-                     data: ClientData, seed: int, extra: Any) -> ClientUpdate:
+                     data: ClientData, seed: int, extra: Any, *, rnd: int) -> ClientUpdate:
         """Train from what was received; by default the method's ``plan``, run for this client.
         Override for updates of another shape (several fits, gradients, custom steps)."""
-        return run_plan(trainer, self.plan(payload, personal, data, extra), data, seed)
+        return run_plan(trainer, self.plan(payload, personal, data, extra, rnd=rnd), data, seed)
 
     def report(self, trainer: LocalTrainer, payload: Tensors, personal: Any, data: ClientData,
-               seed: int, extra: Any) -> ClientUpdate:
+               seed: int, extra: Any, *, rnd: int) -> ClientUpdate:
         """What a client sends when the server collects (its upload may hold shares), and its
         personal state afterwards (FedSoft keeps the importance weights it estimated)."""
         raise NotImplementedError

@@ -66,13 +66,13 @@ class ClusteredOracle(Method):
     def broadcast(self, state, rnd):
         return {}
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         return group_extras(state, client_ids)
 
     def aggregate(self, state, uploads, rnd):
         return state | {"models": group_means(state["models"], uploads)}, {}
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         return group_plan(extra, data)
 
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
@@ -101,7 +101,7 @@ class ClusteredOracleSE(Method):
     def broadcast(self, state, rnd):
         return {"encoders": state["encoders"]}
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         """Each client's group: which encoder is its."""
         return {int(c): int(self.group_of[int(c)]) for c in client_ids}
 
@@ -114,7 +114,7 @@ class ClusteredOracleSE(Method):
     def client_init(self, cid, init):
         return init[self.ctx.layout.part("head")].clone()
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         parts = self.ctx.layout.parts
         return FitPlan(self.deployable(payload, personal, extra), lambda trained: ClientUpdate(
             {"encoder": share(trained[parts["encoder"]].clone(), data.n_train, extra)},

@@ -45,7 +45,7 @@ class Ditto(Method):
     def client_init(self, cid, init):
         return init.clone()
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         anchor = payload["model"]
         trainer.load(personal)
         trainer.fit(data.x_train, data.y_train, seed=derive(seed, "method", 0),

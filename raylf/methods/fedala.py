@@ -151,7 +151,7 @@ class FedALA(FedAvg):
                     break
         return ala.model(weights), personal | {"weights": weights, "started": True}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         start, personal = self.adapt(trainer, payload["model"], personal, data, seed)
         trainer.load(start)
         trainer.fit(data.x_train, data.y_train, seed=seed)

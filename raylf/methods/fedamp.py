@@ -149,7 +149,7 @@ class FedAMP(Method):
     def broadcast(self, state, rnd):
         return {}
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         """Each client's cloud model u_i (participants in training, everyone at evaluation)."""
         rows = torch.as_tensor(client_ids, dtype=torch.long)
         clouds = mix(self.weights(state, rows), state["models"])
@@ -183,7 +183,7 @@ class FedAMP(Method):
     def client_init(self, cid, init):
         return init.clone()
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         p = self.params
         return FitPlan(extra, lambda trained: ClientUpdate({"model": trained}, trained),
                        anchor=extra, mu=p.lam / p.alpha_k)

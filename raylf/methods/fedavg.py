@@ -24,7 +24,7 @@ class FedAvg(Method):
     def aggregate(self, state, uploads, rnd):
         return {"model": uploads.mean("model")}, {}
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         return FitPlan(payload["model"], lambda trained: ClientUpdate({"model": trained}))
 
     def deployable(self, payload, personal, extra):
@@ -42,6 +42,6 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def plan(self, payload, personal, data, extra):
-        return replace(super().plan(payload, personal, data, extra), anchor=payload["model"],
-                       mu=self.params.mu)
+    def plan(self, payload, personal, data, extra, *, rnd):
+        return replace(super().plan(payload, personal, data, extra, rnd=rnd),
+                       anchor=payload["model"], mu=self.params.mu)

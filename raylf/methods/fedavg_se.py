@@ -25,7 +25,7 @@ class FedAvgSE(Method):
     def client_init(self, cid, init):
         return init[self.ctx.layout.part("head")].clone()
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         encoder = self.ctx.layout.part("encoder")
         head = self.ctx.layout.part("head")
         return FitPlan(torch.cat([payload["encoder"], personal]),

@@ -50,7 +50,7 @@ class FedBABU(Method):
     def aggregate(self, state, uploads, rnd):
         return {**state, "encoder": uploads.mean("encoder")}, {}
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         """Only the body trains: the head is left out of the optimizer."""
         encoder = self.ctx.layout.part("encoder")
         return FitPlan(self.deployable(payload, personal, extra),

@@ -113,7 +113,7 @@ class FedCE(Method):
     def broadcast(self, state, rnd):
         return {"model": state["model"]}
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         return {int(c): float(state["coef"][c]) for c in client_ids}
 
     def aggregate(self, state, uploads, rnd):
@@ -135,7 +135,7 @@ class FedCE(Method):
     def client_init(self, cid, init):
         return {"prev": init.clone(), "has_prev": False, "score_sum": 0.0, "score_count": 0}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         glob, c = payload["model"], extra
         total, count = personal["score_sum"], personal["score_count"] + 1
         if personal["has_prev"] and len(data.y_val):

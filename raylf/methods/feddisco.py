@@ -66,7 +66,7 @@ class FedDisco(Method):
         n = self.ctx.n_train[client_ids].astype(np.float64)
         return disco_weights(n, d, self.params.a, self.params.b)
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         p, _ = self.weights(state, client_ids)
         return {int(c): float(w) for c, w in zip(client_ids, p)}
 
@@ -77,7 +77,7 @@ class FedDisco(Method):
         _, fallback = self.weights(state, uploads.client_ids)
         return {**state, "model": uploads.mean("model")}, {"disco_fallback": float(fallback)}
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         return FitPlan(payload["model"],
                        lambda trained: ClientUpdate({"model": share(trained, extra)}))
 

@@ -132,7 +132,7 @@ class FedSoft(Method):
         return {"model": init.clone(),
                 "importance": torch.full((s,), 1.0 / s, dtype=torch.float64)}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         u = personal["importance"].to(payload["clusters"].dtype)
         total = float(u.sum())
         anchor = (u / total) @ payload["clusters"]
@@ -145,7 +145,7 @@ class FedSoft(Method):
             weights = personal["importance"] * data.n_train
         return ClientUpdate({"model": soft_share(model, weights)}, personal | {"model": model})
 
-    def report(self, trainer, payload, personal, data, seed, extra):
+    def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
         losses = []
         for cluster in payload["clusters"]:
             trainer.load(cluster)

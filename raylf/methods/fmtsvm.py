@@ -156,8 +156,8 @@ class FedPureCNN(FedAvg):
         super().__init__(params, ctx)
         self.loss = TaskLoss.of(self.kind, params)
 
-    def plan(self, payload, personal, data, extra):
-        return replace(super().plan(payload, personal, data, extra), loss_fn=self.loss,
+    def plan(self, payload, personal, data, extra, *, rnd):
+        return replace(super().plan(payload, personal, data, extra, rnd=rnd), loss_fn=self.loss,
                        targets="tasks")
 
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
@@ -225,7 +225,7 @@ class FMTSVM(Method):
     # ---- server half ---------------------------------------------------------------------
     def server_init(self, init):
         return {"heads": init[self.ctx.layout.part("head")].clone(),
-                "sigma": torch.eye(self.width), "round": 0}
+                "sigma": torch.eye(self.width)}
 
     def broadcast(self, state, rnd):
         """Heads + Σ; after an encoder-sync round also the averaged encoder."""
@@ -234,10 +234,10 @@ class FMTSVM(Method):
             payload["encoder"] = state["encoder"]
         return payload
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         """In sync rounds, ask the participants to upload their encoders as well."""
         every = self.params.encoder_sync_every
-        if every is None or (state["round"] + 1) % every:
+        if every is None or rnd % every:
             return {}
         return {int(c): True for c in client_ids}
 
@@ -245,7 +245,7 @@ class FMTSVM(Method):
         heads = uploads.tensors["heads"]
         p = self.params
         sigma = task_covariance(self.weights(heads), p.eps_cov, p.sigma_norm == "trace")
-        new = {"heads": uploads.mean("heads"), "sigma": sigma, "round": rnd}
+        new = {"heads": uploads.mean("heads"), "sigma": sigma}
         if "encoder" in uploads:
             new["encoder"] = uploads.mean("encoder")
         diagnostics = {f"sigma_eig_{i}": float(v)
@@ -264,7 +264,7 @@ class FMTSVM(Method):
         return {"encoder": init[self.ctx.layout.part("encoder")].clone(),
                 "heads": init[self.ctx.layout.part("head")].clone()}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         trainer.load(payload.get("encoder", personal["encoder"]), "encoder")
         trainer.load(payload["heads"], "head")
         sigma_inv = torch.linalg.inv(payload["sigma"])

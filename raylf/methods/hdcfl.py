@@ -130,7 +130,7 @@ class HDCFL(Method):
             return False
         return (rnd - self.activation) % self.params.refresh_every == 0 or rnd == self.ctx.rounds
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         """Each grouped client's memberships π_k (G floats)."""
         grouped = state["assignment"] >= 0
         return {int(c): state["membership"][int(c)] for c in client_ids if bool(grouped[int(c)])}
@@ -199,7 +199,7 @@ class HDCFL(Method):
         """The private head; ``encoder`` (φ_k) stays empty until the client first trains."""
         return {"encoder": torch.zeros(0), "head": init[self.ctx.layout.part("head")].clone()}
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         """FedAvg-SE's update; the head also goes to the server's cache (unless G = 0)."""
         parts = self.ctx.layout.parts
 
@@ -211,7 +211,7 @@ class HDCFL(Method):
 
         return FitPlan(torch.cat([payload["encoder"], personal["head"]]), finish)
 
-    def report(self, trainer, payload, personal, data, seed, extra):
+    def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
         """φ_k into every group g with weight π_kg·n_k (nothing from a client not grouped)."""
         if extra is None:
             return ClientUpdate({}, personal)

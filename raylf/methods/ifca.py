@@ -70,7 +70,7 @@ class IFCA(Method):
         rows = rows[: self.params.loss_samples].to(data.y_train.device)
         return lowest_loss(trainer, models, data.x_train[rows], data.y_train[rows])
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         cluster = self.choose(trainer, payload["models"], data)
         trainer.load(payload["models"][cluster])
         trainer.fit(data.x_train, data.y_train, seed=seed)

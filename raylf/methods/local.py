@@ -22,7 +22,7 @@ class Local(Method):
     def client_init(self, cid, init):
         return init.clone()
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         return FitPlan(personal, lambda trained: ClientUpdate({}, trained))
 
     def deployable(self, payload, personal, extra):

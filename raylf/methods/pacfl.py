@@ -235,14 +235,14 @@ class PACFL(Method):
     def broadcast(self, state, rnd):
         return {}
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         return group_extras(state, client_ids)
 
     def aggregate(self, state, uploads, rnd):
         models = group_means(state["models"], uploads)
         return state | {"models": models}, {"clusters": float(len(models))}
 
-    def plan(self, payload, personal, data, extra):
+    def plan(self, payload, personal, data, extra, *, rnd):
         return group_plan(extra, data)
 
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):

@@ -4,7 +4,7 @@ its reference rules, FC (DESIGN.md: "methods whose round is a single gradient st
 A round is one optimizer step of every *learner* (a client with a model of its own: SP-CACW's
 targets, every client in FC):
 
-1. ``broadcast``: the learners' weights stacked (T, P) and the round number;
+1. ``broadcast``: the learners' weights stacked (T, P);
 2. ``local_update`` on every client: its next minibatch (one pass over its own data per epoch,
    reshuffled each epoch) and its gradient there at each learner's weights it serves, in one
    vectorized call (``LocalTrainer.gradients_at``), uploaded as one plain (rows, P) tensor;
@@ -113,16 +113,17 @@ class PeerStepMethod(Method):
         return np.arange(self.ctx.num_clients)
 
     def broadcast(self, state, rnd):
-        return {"weights": state["weights"], "round": torch.tensor(rnd)}
+        return {"weights": state["weights"]}
 
     def aggregate(self, state, uploads, rnd):
         state, directions, diagnostics = self.directions(state, uploads.tensors["grads"], rnd)
         return {**state, "directions": directions}, diagnostics
 
     def collect(self, state, rnd):
-        return {"round": torch.tensor(rnd)}
+        """Every round collects; the learners need nothing but their direction (``extras``)."""
+        return {}
 
-    def extras(self, state, client_ids):
+    def extras(self, state, client_ids, rnd):
         """Each learner's direction, in the collect phase only (``aggregate`` leaves them in the
         state, ``receive_reports`` drops them)."""
         if "directions" not in state:
@@ -148,8 +149,7 @@ class PeerStepMethod(Method):
         idx = epoch_batch(data.n_train, trainer.batch_size, rnd, self.ctx.seed, data.cid)
         return idx.to(data.x_train.device)
 
-    def local_update(self, trainer, payload, personal, data, seed, extra):
-        rnd = int(payload["round"])
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         idx = self.batch(trainer, data, rnd)
         rows = self.rows_for(data.cid, rnd)
         weights = payload["weights"]
@@ -160,10 +160,9 @@ class PeerStepMethod(Method):
                                                       grads.shape[1])])
         return ClientUpdate({"grads": grads}, personal)
 
-    def report(self, trainer, payload, personal, data, seed, extra):
+    def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
         if extra is None:
             return ClientUpdate({}, personal)
-        rnd = int(payload["round"])
         w = personal["weights"]
         if self.has_buffers:  # running statistics follow the learner's own batches, as in fit
             trainer.load(w)

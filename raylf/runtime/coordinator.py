@@ -79,9 +79,9 @@ class Coordinator:
         return {int(s): client_ids[self.shard_of[client_ids] == s]
                 for s in np.unique(self.shard_of[client_ids])}
 
-    def _extras_by_worker(self, work: dict[int, np.ndarray]) -> dict[int, dict]:
+    def _extras_by_worker(self, work: dict[int, np.ndarray], rnd: int) -> dict[int, dict]:
         everyone = np.concatenate(list(work.values()))
-        extras = self.method.extras(self.state, np.sort(everyone))
+        extras = self.method.extras(self.state, np.sort(everyone), rnd)
         if not extras:
             return {}
         return {s: {int(c): map_leaves(extras[int(c)], own_storage, torch.Tensor)
@@ -110,7 +110,7 @@ class Coordinator:
             self.state, rnd, stream(self.spec.seed, "participation", rnd))
         payload = self.method.broadcast(self.state, rnd)
         work = self._split(participants)
-        extras = self._extras_by_worker(work)
+        extras = self._extras_by_worker(work, rnd)
         results = self.pool.train(rnd, payload, work, extras)
         uploads, losses, up_bytes, metrics, diverged = self._gather(results)
         down = tensor_bytes(payload) * len(participants)
@@ -151,7 +151,7 @@ class Coordinator:
         """Every client's report on ``payload``, folded into the server state; its bytes join
         the round's. Returns whether a report's fit diverged."""
         work = {s: ids for s, ids in enumerate(self.homes) if len(ids)}
-        extras = self._extras_by_worker(work)
+        extras = self._extras_by_worker(work, rnd)
         uploads, _, up_bytes, _, diverged = self._gather(
             self.pool.collect(rnd, payload, work, extras))
         record["bytes_up"] += int(up_bytes)
@@ -164,7 +164,8 @@ class Coordinator:
 
     def evaluate(self, rnd: int) -> list[dict[str, Any]]:
         """Every client (or, with ``eval_clients``, a seeded sample before the last round) on
-        its own splits, each scored by the worker that is its home."""
+        its own splits with what round ``rnd`` + 1 would send it (broadcast and extras), each
+        scored by the worker that is its home."""
         payload = self.method.broadcast(self.state, rnd + 1)
         work = dict(enumerate(self.homes))
         count = self.spec.evaluated_per_round()
@@ -174,7 +175,7 @@ class Coordinator:
             picked = np.zeros(self.federation.num_clients, dtype=bool)
             picked[chosen] = True
             work = {s: ids[picked[ids]] for s, ids in work.items() if picked[ids].any()}
-        rows = self.pool.evaluate(rnd, payload, work, self._extras_by_worker(work))
+        rows = self.pool.evaluate(rnd, payload, work, self._extras_by_worker(work, rnd + 1))
         return sorted(rows, key=lambda r: (r["split"], r["client_id"], r["deployable"],
                                            r["task"]))
 

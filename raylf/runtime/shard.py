@@ -183,7 +183,7 @@ class ClientShard:
         payload = self._to_device(payload)
         seeds = {int(c): derive(self.seed, "client", rnd, int(c)) for c in client_ids}
         probe = self.is_evaluation_round(rnd)
-        done = self._train_cohorts(payload, client_ids, extras, seeds, probe)
+        done = self._train_cohorts(rnd, payload, client_ids, extras, seeds, probe)
 
         def step(cid: int):
             if done is not None:
@@ -191,7 +191,7 @@ class ClientShard:
                 return _with_dead_units(update, dead), fits
             update, fits = self._logged(lambda: self.method.local_update(
                 self.trainer, payload, self._to_device(self.personal.get(cid)),
-                self.data.client(cid), seeds[cid], extras.get(cid)))
+                self.data.client(cid), seeds[cid], extras.get(cid), rnd=rnd))
             # only a model this round trained is probed: after gradients alone (the per-step
             # methods) the loaded weights are whatever an earlier round left, not a result
             if probe and fits and fits[-1].steps > 0:
@@ -206,8 +206,9 @@ class ClientShard:
         probe = self.data.client(cid).x_train[: learning_check.PROBE_SAMPLES]
         return learning_check.dead_relu_fraction(self.trainer.model.encoder, probe)
 
-    def _train_cohorts(self, payload, client_ids: np.ndarray, extras: dict[int, Any],
-                       seeds: dict[int, int], probe: bool) -> dict[int, tuple] | None:
+    def _train_cohorts(self, rnd: int, payload, client_ids: np.ndarray,
+                       extras: dict[int, Any], seeds: dict[int, int],
+                       probe: bool) -> dict[int, tuple] | None:
         """Every client's (update, fits, dead-ReLU fraction if ``probe``, else None) from cohort
         training, or None when this round trains one client after another (cohorts off, one
         client, a plan-less method, an unsupported model, or plans of different shapes); the
@@ -215,7 +216,8 @@ class ClientShard:
         if self.cohort is None or len(client_ids) < 2 or not self.method.plans_updates:
             return None
         plans = {int(c): self.method.plan(payload, self._to_device(self.personal.get(int(c))),
-                                          self.data.client(int(c)), extras.get(int(c)))
+                                          self.data.client(int(c)), extras.get(int(c)),
+                                          rnd=rnd)
                  for c in client_ids}
         first = next(iter(plans.values()))
         if len({plan.shape() for plan in plans.values()}) > 1:
@@ -269,7 +271,8 @@ class ClientShard:
         def step(cid: int):
             return self._logged(lambda: self.method.report(
                 self.trainer, payload, self._to_device(self.personal.get(cid)),
-                self.data.client(cid), derive(self.seed, "client", rnd, cid, 1), extras.get(cid)))
+                self.data.client(cid), derive(self.seed, "client", rnd, cid, 1), extras.get(cid),
+                rnd=rnd))
 
         return self._run_clients(client_ids, step)
 

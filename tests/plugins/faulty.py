@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from pydantic import Field
 
 from raylf.methods import METHODS
@@ -27,17 +26,14 @@ class FaultyOnce(FedAvg):
     name = "faulty_once"
     Params = FaultyOnceParams
 
-    def broadcast(self, state, rnd):
-        return {**super().broadcast(state, rnd), "round": torch.tensor(rnd)}
-
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         marker = Path(self.params.marker)
         failed = len(marker.read_text().splitlines()) if marker.exists() else 0
-        if int(payload["round"]) == self.params.fail_round and failed < self.params.failures:
+        if rnd == self.params.fail_round and failed < self.params.failures:
             with marker.open("a") as f:
                 f.write("failed\n")
-            raise RuntimeError(f"injected worker failure in round {int(payload['round'])}")
-        return super().local_update(trainer, payload, personal, data, seed, extra)
+            raise RuntimeError(f"injected worker failure in round {rnd}")
+        return super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
 
 
 if "faulty_once" not in METHODS:

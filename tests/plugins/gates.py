@@ -15,7 +15,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
 from pydantic import Field
 
 from raylf import results
@@ -51,12 +50,9 @@ class GatedFedAvgSE(FedAvgSE):
     name = "gated_fedavg_se"
     Params = GatedParams
 
-    def broadcast(self, state, rnd):
-        return {**super().broadcast(state, rnd), "round": torch.tensor(rnd)}
-
-    def local_update(self, trainer, payload, personal, data, seed, extra):
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
         gate = Path(self.params.gate_file)
-        if int(payload["round"]) == self.params.gate_round and not gate.exists():
+        if rnd == self.params.gate_round and not gate.exists():
             import ray
 
             actor = ray.get_runtime_context().get_actor_name() or ""
@@ -66,7 +62,7 @@ class GatedFedAvgSE(FedAvgSE):
                 time.sleep(WAIT_S)  # the kill lands while this round is in flight
                 raise TimeoutError(f"worker {actor} was not killed")
             hold(gate, f"{actor}\n{ray.get_runtime_context().get_node_id()}")
-        return super().local_update(trainer, payload, personal, data, seed, extra)
+        return super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
 
 
 if "gated_fedavg_se" not in METHODS:

@@ -1,0 +1,278 @@
+"""The method contract as a public tool, in the spirit of scikit-learn's ``check_estimator``.
+
+A method written outside raylf (a module named in ``RAYLF_PLUGINS``, or a class in a user's own
+test) is checked with one call::
+
+    from raylf.testing import check_method
+
+    check_method("my_method")  # a registered name, or the class itself
+
+It runs the checks every registered method passes in raylf's own suite
+(``tests/test_method_contract.py`` calls this module, so there is one copy of them) on a tiny
+in-process workload: the bundled digits, six clients, four rounds, the ``local`` backend. It
+raises one ``AssertionError`` naming the method and every check that failed, each with its
+reason. The checks are about the contract, not about accuracy: a method that learns nothing
+can pass; one whose results depend on anything but the seed, whose uploads differ in shape
+between clients, or that keeps state a checkpoint does not restore, cannot.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+
+from raylf.config import ExperimentSpec, validate
+from raylf.data import build_federation
+from raylf.experiment import run_experiment
+from raylf.methods import METHODS, Method
+from raylf.runtime import Blueprint
+from raylf.runtime.local import LocalRuntime
+from raylf.runtime.shard import Reduction, upload_bytes
+from raylf.training import tensor_bytes
+
+TIMING = {"round_s", "wall_s", "trial_id", "worker_peak_mb"}  # measurements, not results
+
+
+def without_timing(rows: list[dict]) -> list[dict]:
+    """Table rows without the columns that measure the run rather than result from it."""
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def run_local_as_a_ray_worker(spec: ExperimentSpec) -> dict:
+    """The in-process reference run's tables with one torch thread, as a Ray worker of these
+    specs has (its threads = its CPUs): the arithmetic the Ray backend must reproduce."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_experiment(spec, backend="local").tables
+    finally:
+        torch.set_num_threads(threads)
+
+
+def contract_spec(name: str, params: dict[str, Any] | None = None,
+                  rounds: int = 4) -> ExperimentSpec:
+    """Six clients, mlp, half participation, a validation split (so both evaluation splits are
+    scored); the data the method ``requires``: multi-task digits for ``tasks``, two rotated
+    groups for ``groups``. Two workers, so uploads are reduced on more than one."""
+    requires = METHODS.get(name).requires
+    spec: dict[str, Any] = {
+        "name": "contract",
+        "seed": 3,
+        "dataset": {"name": "digits"},
+        "scenario": {"name": "label_subset", "k": 2, "val_fraction": 0.1},
+        "model": {"name": "mlp", "hidden": [16]},
+        "method": {"name": name},
+        "federation": {"num_clients": 6, "participation": 0.5, "rounds": rounds,
+                       "batch_size": 16, "optimizer": {"lr": 0.05, "momentum": 0.9}},
+        "eval_every": 2,
+        "resources": {"workers": 2, "cpus_per_worker": 0.5, "gpus_per_worker": 0.25},
+    }
+    if params:
+        spec["method"]["params"] = dict(params)
+    if "tasks" in requires:
+        spec["dataset"] = {"name": "digits_multitask"}
+        spec["scenario"] = {"name": "multitask_dirichlet", "alpha": 0.5, "val_fraction": 0.1}
+    if "groups" in requires:
+        spec["scenario"] = {"name": "rotation", "groups": 2, "val_fraction": 0.1}
+    return validate(spec)
+
+
+def _local_runtime(spec: ExperimentSpec) -> LocalRuntime:
+    return LocalRuntime(Blueprint(spec, build_federation(spec)))
+
+
+def _personal_of(runtime: LocalRuntime) -> dict:
+    return {c: s for shard in runtime.coordinator.pool.shards for c, s in shard.personal.items()}
+
+
+def _assert_same_tree(a: Any, b: Any, where: str) -> None:
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), \
+            f"{where} has keys {sorted(map(str, a))} against {sorted(map(str, b))}"
+        for k in a:
+            _assert_same_tree(a[k], b[k], f"{where}[{k!r}]")
+    else:
+        assert a == b, f"{where} is {a!r} against {b!r}"
+
+
+@contextmanager
+def _recorded_uploads() -> Iterator[list[tuple[int, dict]]]:
+    """Every client upload handed to a worker's reduction while the block runs, in order."""
+    sent: list[tuple[int, dict]] = []
+    add = Reduction.add
+
+    def recording(self, cid, upload):
+        sent.append((cid, upload))
+        add(self, cid, upload)
+
+    Reduction.add = recording
+    try:
+        yield sent
+    finally:
+        Reduction.add = add
+
+
+# ---- the checks: each takes the registered name and the method params of the tiny run ---------
+def params_have_valid_defaults(name: str, params: dict | None) -> None:
+    """A spec that names the method without params must be valid."""
+    METHODS.get(name).Params()
+
+
+def same_seed_gives_identical_tables(name: str, params: dict | None) -> None:
+    """Two runs of one spec write the same rounds and clients tables, and every client is
+    scored on both of its evaluation splits."""
+    first = run_experiment(contract_spec(name, params)).tables
+    second = run_experiment(contract_spec(name, params)).tables
+    assert first["trials"][0]["status"] == "ok", \
+        f"the run ended {first['trials'][0]['status']}: {first['trials'][0]['error']}"
+    for table in ("rounds", "clients"):
+        assert without_timing(first[table]) == without_timing(second[table]), \
+            f"the {table} tables of two runs with the same seed differ"
+    splits = {r["split"] for r in first["clients"]}
+    assert splits == {"test", "val"}, f"clients were scored on {sorted(splits)}, not test and val"
+
+
+def participants_upload_the_same_keys_and_bytes_count_what_was_sent(
+        name: str, params: dict | None) -> None:
+    """In rounds 1 and 2: exactly the participants train, a collect phase hears from every
+    client, all participants upload the same keys, bytes up are what the clients sent and
+    bytes down at least the broadcast to each participant."""
+    runtime = _local_runtime(contract_spec(name, params))
+    coordinator = runtime.coordinator
+    everyone = list(range(coordinator.federation.num_clients))
+    with _recorded_uploads() as sent:
+        for rnd in (1, 2):
+            sent.clear()
+            payload = coordinator.method.broadcast(coordinator.state, rnd)
+            outcome = runtime.run_round(rnd)
+            participants = outcome.record["participant_ids"]
+            trained = sent[: len(participants)]  # then, if the round collects, every report
+            reports = sent[len(participants):]
+            assert sorted(c for c, _ in trained) == participants, \
+                f"round {rnd}: uploads came from {sorted(c for c, _ in trained)}, " \
+                f"not the participants {participants}"
+            assert reports == [] or sorted(c for c, _ in reports) == everyone, \
+                f"round {rnd}: reports came from {sorted(c for c, _ in reports)}, not everyone"
+            keys = {tuple(sorted(u)) for _, u in trained}
+            assert len(keys) == 1, f"round {rnd}: participants uploaded different keys {keys}"
+            counted, uploaded = outcome.record["bytes_up"], sum(upload_bytes(u) for _, u in sent)
+            assert counted == uploaded, \
+                f"round {rnd}: bytes_up is {counted}, the clients sent {uploaded}"
+            least = tensor_bytes(payload) * len(participants)
+            assert outcome.record["bytes_down"] >= least, \
+                f"round {rnd}: bytes_down {outcome.record['bytes_down']} is less than the " \
+                f"broadcast to every participant ({least})"
+
+
+def checkpoint_and_restore_equals_an_uninterrupted_run(name: str, params: dict | None) -> None:
+    """Checkpointed after round 2 and restored into fresh workers, a run's rounds, client rows,
+    personal state and server state equal those of an uninterrupted run."""
+    spec = contract_spec(name, params)
+    straight = _local_runtime(spec)
+    straight.setup()
+    full = [straight.run_round(r) for r in (1, 2, 3, 4)]
+
+    first = _local_runtime(spec)
+    first.setup()
+    head = [first.run_round(r) for r in (1, 2)]
+    with tempfile.TemporaryDirectory() as folder:
+        snapshot = copy.deepcopy(first.checkpoint(f"{folder}/round-2"))
+        fresh = _local_runtime(spec)  # new workers: nothing carried over but the snapshot
+        fresh.restore(snapshot)
+    assert fresh.setup() is None, "the setup phase ran again after a restore"
+    tail = [fresh.run_round(r) for r in (3, 4)]
+
+    resumed = head + tail
+    assert without_timing([o.record for o in resumed]) == \
+        without_timing([o.record for o in full]), "the resumed run's rounds table differs"
+    assert [o.clients for o in resumed] == [o.clients for o in full], \
+        "the resumed run's clients table differs"
+    _assert_same_tree(_personal_of(fresh), _personal_of(straight), "personal state")
+    _assert_same_tree(fresh.coordinator.state, straight.coordinator.state, "server state")
+
+
+def ray_backend_gives_identical_client_results(name: str, params: dict | None) -> None:
+    """Two rounds on Ray actors give the in-process run's per-client accuracies and bytes up.
+
+    Needs a Ray this process is connected to, with 1.25 CPUs and half a GPU free (a logical GPU
+    will do: ``ray.init(num_gpus=1)``), where the method is registered in every worker (a
+    plugin, not a class passed to ``check_method``)."""
+    spec = contract_spec(name, params, rounds=2)
+    local = run_local_as_a_ray_worker(spec)
+    remote = run_experiment(spec, backend="ray").tables
+    assert remote["trials"][0]["status"] == "ok", \
+        f"the Ray run ended {remote['trials'][0]['status']}: {remote['trials'][0]['error']}"
+
+    def client_results(tables):
+        return [(r["split"], r["client_id"], r["deployable"], r["task"], r["accuracy"])
+                for r in tables["clients"]]
+
+    assert client_results(remote) == client_results(local), \
+        "per-client accuracies on Ray differ from the in-process run's"
+    assert [r["bytes_up"] for r in remote["rounds"]] == \
+        [r["bytes_up"] for r in local["rounds"]], "bytes up on Ray differ from in process"
+
+
+Check = Callable[[str, dict | None], None]
+CHECKS: dict[str, Check] = {check.__name__: check for check in (
+    params_have_valid_defaults,
+    same_seed_gives_identical_tables,
+    participants_upload_the_same_keys_and_bytes_count_what_was_sent,
+    checkpoint_and_restore_equals_an_uninterrupted_run,
+    ray_backend_gives_identical_client_results,
+)}
+IN_PROCESS = tuple(n for n in CHECKS if n != ray_backend_gives_identical_client_results.__name__)
+"""The checks ``check_method`` runs by default: everything but the one that needs Ray."""
+
+
+def check_method(method: str | type[Method], *, params: dict[str, Any] | None = None,
+                 checks: Iterable[str] = IN_PROCESS) -> None:
+    """Run the method contract's ``checks`` (names in ``CHECKS``) on ``method``, a registered
+    name or a ``Method`` subclass (registered under its ``name`` for the checks only, when it
+    is not already); raise one ``AssertionError`` naming the method and every check that
+    failed, chained to the first failure's own error.
+
+    ``params`` are the method's parameters for the tiny runs: shorten loops no contract
+    property depends on (raylf's suite runs FedALA with 2 weight-learning passes), or supply
+    required ones. Every check runs even after one fails, so one call reports them all."""
+    checks = list(checks)
+    unknown = [c for c in checks if c not in CHECKS]
+    if unknown:
+        raise ValueError(f"unknown checks {unknown}; allowed: {', '.join(CHECKS)}")
+    if isinstance(method, str):
+        name, registration = method, nullcontext()
+    else:
+        name = method.name
+        if name not in METHODS:
+            registration = METHODS.temporarily(name, method)
+        elif METHODS.get(name) is method:
+            registration = nullcontext()
+        else:
+            raise ValueError(f"another method is registered as {name!r}: "
+                             f"{METHODS.get(name).__qualname__}")
+    failures: list[tuple[str, BaseException]] = []
+    with registration:
+        METHODS.get(name)  # an unknown name is the caller's mistake, not a failed check
+        for check in checks:
+            try:
+                CHECKS[check](name, params)
+            except Exception as err:  # an error is as much a failed check as an assertion
+                failures.append((check, err))
+    if failures:
+        lines = [f"method {name!r} fails {len(failures)} of {len(checks)} contract checks:"]
+        lines += [f"- {check}: {_reason(err)}" for check, err in failures]
+        raise AssertionError("\n".join(lines)) from failures[0][1]
+
+
+def _reason(err: BaseException) -> str:
+    """One list item of the failure: the message (lines after the first indented under it),
+    prefixed by the error's type unless it is a failed assertion."""
+    text = (str(err).strip() or "(no message)").replace("\n", "\n  ")
+    return text if isinstance(err, AssertionError) else f"{type(err).__name__}: {text}"
