@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from raylf import guards, results, stats
+from raylf import guards, metrics, results, stats
 from raylf.labels import setting_labels
 from raylf.sweepspec import point_label
 
@@ -108,8 +108,7 @@ def _ranking_columns(board: pd.DataFrame) -> list[str]:
     deployable's (``acc_mean_shared``, ``acc_mean_binary_own_heads``) and does not rank."""
     present = [c[: -len("_mean")] for c in board
                if c.startswith("acc_mean") and c.endswith("_mean") and board[c].notna().any()]
-    base = [c for c in present if not any(c.startswith(o + "_") for o in present if o != c)]
-    return [f"{c}_mean" for c in base]
+    return [f"{c}_mean" for c in metrics.of_reported_model(present)]
 
 
 def _point(point: dict) -> str:

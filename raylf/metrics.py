@@ -51,6 +51,13 @@ def summarize(rows: list[dict[str, Any]], primary: str = "main") -> dict[str, fl
     return out
 
 
+def of_reported_model(names: list[str]) -> list[str]:
+    """Those of ``names`` (metrics of one kind: ``acc_mean``, ``acc_mean_binary``, …) that
+    describe the reported deployable: a name that extends another present one by a suffix is a
+    second deployable's (``acc_mean_shared``, ``acc_mean_binary_own_heads``, :func:`summarize`)."""
+    return [n for n in names if not any(n.startswith(o + "_") for o in names if o != n)]
+
+
 def extra_means(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Mean over clients of every ``auc*`` and ``accuracy_*`` column (auc → auc_mean,
     accuracy_own → acc_own_mean); clients whose value is null (a one-class split) are skipped."""

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from ray import tune
 
-from raylf import results, storage
+from raylf import metrics, results, storage
 from raylf.config import ExperimentSpec, SpecError
 from raylf.estimate import ESTIMATE_ROUNDS
 from raylf.experiment import CHECKPOINTS_KEPT
@@ -381,9 +381,11 @@ class SweepConsole(tune.Callback):
         if status == "ok" and self.stage.objective is not None:  # a search trial: validation
             value = objective_value(row, self.stage.objective)
             detail = f"{self.stage.objective} {'-' if value is None else format(value, '.4f')}"
-        elif status == "ok":  # final mean and worst accuracy (per task for multi-task methods)
-            keys = ["acc_mean", "acc_worst"] if "acc_mean" in row else sorted(
-                k for k in row if k.startswith(("acc_mean_", "acc_worst_")) and "_at_" not in k)
+        elif status == "ok":  # final mean and worst accuracy of the reported model (per task
+            # for multi-task methods; a second deployable's are in the tables, not on the line)
+            keys = [k for kind in ("acc_mean", "acc_worst") for k in metrics.of_reported_model(
+                [k for k in row if (k == kind or k.startswith(kind + "_")) and "_at_" not in k
+                 and row[k] is not None])]
             detail = "  ".join(f"{k} {'-' if row.get(k) is None else format(row[k], '.4f')}"
                                for k in keys)
         else:

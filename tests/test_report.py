@@ -350,6 +350,20 @@ def ranked(tmp_path_factory) -> report.Sweep:
     return report.load(make_ranked_sweep(tmp_path_factory.mktemp("ranked")))
 
 
+def test_the_report_opens_with_the_claims_the_sweep_can_decide(ranked):
+    """hdcfl runs beside fedavg and local: its paper's claims are decided on the real setting
+    (k = 2; k = 3 is stand-in data), and open the report. fmtsvm is alone at k = 4: nothing of
+    its paper can be decided, so no row of it."""
+    first = report.build(ranked).sections[0]
+    assert first.title == "Claims"
+    cells = first.tables[0].cells
+    assert set(cells["Paper"]) == {"hdcfl"}
+    assert set(cells["Decided on"]) == {f"mean over {ranked.settings[0]}"}
+    competitive = cells[cells["Claim"].str.contains("competitive")].iloc[0]
+    assert competitive["Verdict"] == "holds"  # hdcfl ties local, the best, on every pair
+    assert "18 pairs" in competitive["Numbers"]
+
+
 def test_ties_come_from_the_paired_test_and_a_method_alone_is_not_ranked(ranked):
     table = tables.main_table(ranked)
     cells, marks = _cells(table), _marks(table)

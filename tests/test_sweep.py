@@ -170,3 +170,31 @@ def test_console_prints_a_line_per_finished_trial_and_colours_only_terminals(tmp
     assert ("\x1b[" in text) == tty
     if not tty:
         assert "(done 1/2, running 0, pending 1" in ok
+
+
+def test_console_line_of_a_multi_task_trial_shows_its_reported_model_per_task(tmp_path):
+    """FMT-SVM reports its heads over the shared encoder and also scores the clients' own heads
+    (``_own_heads``): the line shows the first, per task; the tables hold both."""
+    import io
+
+    from raylf import results
+    from raylf.search_stages import GridStage
+    from raylf.sweep import SweepConsole
+    from raylf.sweepspec import load_sweep
+
+    _, trials = load_sweep(write_sweep(tmp_path))
+    done = trials[0]
+    row = {"trial_id": done.trial_id, "status": "ok", "wall_s": 1.0}
+    for kind, value in (("acc_mean", 0.5), ("acc_worst", 0.25)):
+        for task in ("binary", "multiclass"):
+            row |= {f"{kind}_{task}": value, f"{kind}_{task}_own_heads": value + 0.125}
+    results.write_trial(str(tmp_path / "t"), done.trial_id, {"trials": [row]}, {})
+    stream = io.StringIO()
+    console = SweepConsole(GridStage(trials, "t", str(tmp_path)), stream)
+    console.start({})
+    console.on_trial_complete(0, [], FakeTrial(done.trial_id, tmp_path))
+    line = next(x for x in stream.getvalue().splitlines() if "seed=" in x)
+    shown = "acc_mean_binary 0.5000  acc_mean_multiclass 0.5000  acc_worst_binary 0.2500  " \
+            "acc_worst_multiclass 0.2500  1.0s"
+    assert shown in line and "own_heads" not in line
+

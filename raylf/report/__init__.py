@@ -3,9 +3,10 @@
 ``python -m raylf.report SWEEP_DIR [--out DIR] [--format md|html|latex]``. The sections follow
 the seeds' result tables (HDC-FL's mean ± std per setting with average ranks and its tail
 table, SP-CACW's maximum over rounds, FMT-SVM's per-task, communication and privacy tables);
-each appears when the sweep's tables hold its columns. Before them, what would make a number
-misleading: a banner when a setting ran on stand-in data, and the degenerate results
-(``raylf.guards``); after accuracy, the paired statistics and ranks across settings
+each appears when the sweep's tables hold its columns. First, the papers' claims that the
+sweep can decide (``raylf.report.scorecard``); then what would make a number misleading: a
+banner when a setting ran on stand-in data, and the degenerate results (``raylf.guards``);
+after accuracy, the paired statistics and ranks across settings
 (``raylf.stats``).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raylf import guards, results
-from raylf.report import figures, tables
+from raylf.report import figures, scorecard, tables
 from raylf.report.data import Sweep, load
 from raylf.report.render import FORMATS, RENDERERS, Report, Section
 
@@ -40,6 +41,7 @@ def build(sweep: Sweep) -> Report:
 
     paired = tables.paired_statistics(sweep)
     sections = [
+        section("Claims", [scorecard.claims_overview(sweep)]),
         section("Checks", [tables.checks(sweep)]),
         section("Accuracy", [tables.main_table(sweep), tables.leaderboard(sweep)],
                 ["learning_curves", "client_distributions"]),

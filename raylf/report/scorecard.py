@@ -26,6 +26,7 @@ from raylf.report.data import Sweep, load
 from raylf.report.measured import Measured, per_step
 from raylf.report.papers import UNITS, Figure, Paper, Setting
 from raylf.report.papers import load as load_paper
+from raylf.report.papers import names as paper_names
 from raylf.report.render import FORMATS, RENDERERS, Report, Section
 from raylf.report.tables import Table
 from raylf.stats import ALPHA
@@ -206,6 +207,27 @@ def claims_table(verdicts: list[claims_module.Verdict]) -> Table:
                  "their data. Tied: the paired Wilcoxon test (per seed and client, per seed for "
                  f"a per-trial figure) cannot tell the two apart (p ≥ {ALPHA}). Numbers: means "
                  "over ok seeds (accuracy in %), Δ this minus that over the pairs.", cells)
+
+
+def claims_overview(sweep: Sweep) -> Table | None:
+    """Every paper's claims that this sweep can decide, one table: what a report opens with, so
+    a reader sees first whether each paper's method did what its paper says against the
+    baselines the sweep ran beside it. None when the sweep can decide no claim."""
+    measured = Measured(sweep)
+    rows = []
+    for name in paper_names():
+        paper = load_paper(name)
+        rows += [{"Paper": paper.name, "Claim": v.claim.name, "Verdict": v.verdict,
+                  "Decided on": v.where, "Numbers": v.numbers}
+                 for v in claims_module.evaluate(measured, paper)
+                 if v.verdict != claims_module.UNTESTABLE]
+    if not rows:
+        return None
+    return Table("The papers' claims on this sweep",
+                 "Each paper's claims that the sweep's real settings can decide (all of them: "
+                 "`python -m raylf.report SWEEP --paper NAME`). Tied: the paired Wilcoxon test "
+                 f"cannot tell the two apart (p ≥ {ALPHA}). Numbers: means over ok seeds "
+                 "(accuracy in %), Δ this minus that over the pairs.", pd.DataFrame(rows))
 
 
 def build(sweep: Sweep, paper: Paper) -> Report:
