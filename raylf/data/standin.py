@@ -82,11 +82,13 @@ SIZES = {
                    plays=10, speeches=(4, 8)),
     # a smoke run's (raylf.smoke: at most 10 clients, 2 of them training per round): the least
     # that builds every configuration of tune/*.yaml with 10 clients (checked 2026-12-03), so a
-    # ResNet-18 on a CPU trains seconds per trial; 3-4 speeches keep every role above 150
-    # windows, and the 70 roles cover 10 clients of 7 roles
+    # ResNet-18 on a CPU trains seconds per trial; 2 speeches a role leave about two thirds of
+    # the 98 roles above 150 windows, enough for 10 clients of 7 roles (seeds 0-2, checked
+    # 2026-12-03), with half the characters per client of 3-4 speeches over 70 roles: the
+    # CharLSTM paths were 2/3 of the suite's smoke run
     "smoke": Size({"mnist": (12, 3), "fashion_mnist": (12, 3), "cifar10": (12, 3),
                    "cifar100": (2, 1), "pneumonia": (10,), "breast_ultrasound": (10,)},
-                  plays=4, speeches=(3, 5)),
+                  plays=6, speeches=(2, 3)),
 }
 ROLES = 14  # roles per play
 _NOISE = 48.0  # std of the per-image noise around the class prototype, in 0-255 pixel units
