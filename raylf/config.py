@@ -181,13 +181,15 @@ class ExperimentSpec(Strict):
 
     def flat(self) -> dict[str, Any]:
         """Every scalar leaf as ``dotted.key: value`` (the trials table's config columns)."""
-        return dict(_flatten(self.to_dict()))
+        return dict(flatten(self.to_dict()))
 
 
-def _flatten(tree: Any, prefix: str = ""):
+def flatten(tree: Any, prefix: str = ""):
+    """``dotted.key: value`` pairs of a nested dict, lists as JSON: the form of the trials
+    table's config columns."""
     if isinstance(tree, dict):
         for key, value in tree.items():
-            yield from _flatten(value, f"{prefix}{key}.")
+            yield from flatten(value, f"{prefix}{key}.")
     elif isinstance(tree, list):
         yield prefix[:-1], json.dumps(tree)
     else:

@@ -12,7 +12,6 @@ file's opening comment.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from functools import cache
@@ -21,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from raylf.config import flatten
 from raylf.data import presets
 
 # how a printed figure relates to raylf's value of the same metric: raylf writes accuracies as
@@ -125,7 +125,7 @@ def _paper(raw: dict) -> Paper:
 def _setting(sid: str, spec: dict, raw: dict) -> Setting:
     if spec["preset"] not in presets.PRESETS:
         raise ValueError(f"setting {sid}: unknown preset {spec['preset']!r}")
-    fields = dict(flat(presets.get(spec["preset"])))
+    fields = dict(flatten(presets.get(spec["preset"])))
     fields.update(raw.get("fields", {}))
     fields.update(spec.get("fields", {}))
     match = tuple(spec.get("match", raw.get("match", ())))
@@ -133,17 +133,6 @@ def _setting(sid: str, spec: dict, raw: dict) -> Setting:
     if not match or missing:
         raise ValueError(f"setting {sid}: match {list(match)} names fields it does not fix")
     return Setting(sid, spec["preset"], fields, match, spec.get("epochs", raw.get("epochs")))
-
-
-def flat(tree: Any, prefix: str = ""):
-    """``dotted.key: value`` pairs, lists as JSON: the form of the trials table's columns."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from flat(value, f"{prefix}{key}.")
-    elif isinstance(tree, list):
-        yield prefix[:-1], json.dumps(tree)
-    else:
-        yield prefix[:-1], tree
 
 
 def _figures(paper: Paper, table: dict) -> list[Figure]:
