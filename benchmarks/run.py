@@ -9,6 +9,9 @@ Sections (see benchmarks/README.md):
    number of participants per round.
 3. flower — Flower's simulation on the identical workload (skipped in --quick, or when the
    Flower venv is missing).
+4. pfl — Apple's pfl-research simulator on the identical tiny and heavy workloads, beside the
+   floor and raylf measured in the same section (skipped in --quick, or when the pfl venv is
+   missing).
 
 Writes ``results.json``, ``results.parquet`` and ``results.md`` under ``--out`` and prints the
 markdown table. Per-round times are medians over rounds after the first, then the median over
@@ -26,6 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +57,24 @@ from raylf.experiment import run_experiment  # noqa: E402
 from raylf.runtime.blueprint import Blueprint  # noqa: E402
 from raylf.runtime.coordinator import Coordinator  # noqa: E402
 
-FLOWER_PY = ROOT / "benchmarks" / ".flower-venv" / "bin" / "python"
+
+@dataclass(frozen=True)
+class Peer:
+    """Another FL framework run on the exported workload, in its own venv (``setup``)."""
+
+    section: str   # the --sections name and the rows' section
+    venv: str      # benchmarks/<venv>, git-ignored
+    script: str    # benchmarks/<script>: --workload W.npz --out R.json [args]
+    setup: str     # benchmarks/<setup>: builds the venv
+    version: str   # the field of the script's JSON holding the framework's version
+
+    @property
+    def python(self) -> Path:
+        return ROOT / "benchmarks" / self.venv / "bin" / "python"
+
+
+FLOWER = Peer("flower", ".flower-venv", "flower_side.py", "setup_flower_venv.sh", "flwr_version")
+PFL = Peer("pfl", ".pfl-venv", "pfl_side.py", "setup_pfl_venv.sh", "pfl_version")
 COLUMNS = [
     "section", "workload", "variant", "clients", "participants", "rounds", "workers", "repeats",
     "round_s", "round_s_mean", "ratio_to_floor", "coord_round_s", "wall_s", "acc_mean",
@@ -433,41 +456,139 @@ def million_section(log) -> list[dict[str, Any]]:
     return rows
 
 
-def flower_section(log, out_dir: Path) -> list[dict[str, Any]]:
-    base = W.with_fields(W.TINY, eval_every=W.TINY["federation"]["rounds"])
-    spec = W.make_spec(base)
-    rows = []
+@contextmanager
+def exported(spec) -> Iterator[Path]:
+    """The spec's workload as a peer's ``.npz`` (``workloads.export_npz``) in a temporary
+    folder."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "flower_workload.npz"
+        path = Path(tmp) / "workload.npz"
         W.export_npz(spec, path, cpus_per_client=1.0)
-        result_path = Path(tmp) / "flower.json"
+        yield path
+
+
+def run_peer(peer: Peer, workload: Path, *args: str) -> dict[str, Any]:
+    """The peer's script on an exported workload, in the peer's venv, without this process's
+    PYTHONPATH (the peer must not see raylf); its JSON plus ``outer_s``, the subprocess's wall
+    (interpreter start, imports, set-up and the run)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / f"{peer.section}.json"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        stop_ray()  # Flower starts its own Ray: do not leave ours idling on the same cores
         t0 = time.perf_counter()
-        subprocess.run([str(FLOWER_PY), str(ROOT / "benchmarks" / "flower_side.py"),
-                        "--workload", str(path), "--out", str(result_path),
-                        "--num-cpus", str(os.cpu_count())],
+        subprocess.run([str(peer.python), str(ROOT / "benchmarks" / peer.script),
+                        "--workload", str(workload), "--out", str(out), *args],
                        check=True, env=env, cwd=ROOT, timeout=1800)
-        outer = time.perf_counter() - t0
-        fl = json.loads(result_path.read_text())
+        result = json.loads(out.read_text())
+    result["outer_s"] = time.perf_counter() - t0
+    return result
+
+
+def peer_row(peer: Peer, results: list[dict[str, Any]], workload: str, base: dict,
+             references: list[dict[str, Any]], *, workers: int, note: str,
+             suffix: str = "") -> dict[str, Any]:
+    """One row for a peer's runs (one per repeat), variant "<section> <version><suffix>":
+    ``round_s`` is the median over runs of each run's median round after the first;
+    ``ratio_to_floor`` the median over runs of that round over the paired reference's
+    ``round_s``; ``max_acc_diff_vs_floor`` the largest per-client difference of final accuracies
+    from the paired reference's ``acc``."""
+    rounds = [W.median_after_first(r["round_s"]) for r in results]
+    variant = f"{peer.section} {results[0][peer.version]}{suffix}"
+    return row(peer.section, workload, variant, base, workers=workers, repeats=len(results),
+               round_s=float(np.median(rounds)),
+               round_s_mean=float(np.median([np.mean(r["round_s"][1:]) for r in results])),
+               wall_s=float(np.median([r["wall_s"] for r in results])),
+               acc_mean=results[0]["acc_mean"],
+               ratio_to_floor=float(np.median([t / ref["round_s"]
+                                               for t, ref in zip(rounds, references)])),
+               max_acc_diff_vs_floor=max(max_diff(ref["acc"], r["final_acc_per_client"])
+                                         for r, ref in zip(results, references)),
+               note=note)
+
+
+def flower_section(log) -> list[dict[str, Any]]:
+    base = W.with_fields(W.TINY, eval_every=W.TINY["federation"]["rounds"])
+    with exported(W.make_spec(base)) as path:
+        stop_ray()  # Flower starts its own Ray: do not leave ours idling on the same cores
+        fl = run_peer(FLOWER, path, "--num-cpus", str(os.cpu_count()))
     start_ray()
     ours = repeat(lambda: measure_raylf(base, "ray", 2), 3)
     fl_round = W.median_after_first(fl["round_s"])
     diff = max_diff(ours["acc"], fl["final_acc_per_client"])
     log(f"[flower] flower {fl_round:.4f} s/round, raylf {ours['round_s']:.4f} s/round; "
         f"acc flower {fl['acc_mean']:.4f} raylf {ours['acc_mean']:.4f} (max diff {diff:.2g})")
-    rows.append(row("flower", "tiny", f"flower {fl['flwr_version']}", base, workers=2,
-                    repeats=1, round_s=fl_round, round_s_mean=float(np.mean(fl["round_s"][1:])),
-                    wall_s=fl["wall_s"], acc_mean=fl["acc_mean"],
-                    ratio_to_floor=fl_round / ours["round_s"],
-                    max_acc_diff_vs_floor=diff,
-                    note=(f"ray {fl['ray_version']}, 1 CPU/client; ratio column = flower/raylf "
-                          f"per round; wall = run_simulation incl. Ray start ({outer:.1f}s "
-                          "with process start)")))
-    rows.append(row("flower", "tiny", "raylf ray-2w", base, workers=2,
-                    ratio_to_floor=1.0, max_acc_diff_vs_floor=diff,
-                    note=f"flower/raylf total wall {fl['wall_s'] / ours['wall_s']:.1f}x "
-                         "(raylf wall excludes ray.init, Ray already running)", **ours))
+    return [
+        peer_row(FLOWER, [fl], "tiny", base, [ours], workers=2,
+                 note=(f"ray {fl['ray_version']}, 1 CPU/client; ratio column = flower/raylf "
+                       f"per round; wall = run_simulation incl. Ray start ({fl['outer_s']:.1f}s "
+                       "with process start)")),
+        row("flower", "tiny", "raylf ray-2w", base, workers=2,
+            ratio_to_floor=1.0, max_acc_diff_vs_floor=diff,
+            note=f"flower/raylf total wall {fl['wall_s'] / ours['wall_s']:.1f}x "
+                 "(raylf wall excludes ray.init, Ray already running)", **ours),
+    ]
+
+
+PFL_UNEQUAL = (
+    "not equal: pfl builds a client's data when it is sampled, averages float32 model "
+    "differences (floor, raylf: float64 sums of weights), evaluates round 1's clients on their "
+    "training data")
+
+
+def pfl_section(log) -> list[dict[str, Any]]:
+    """pfl on the tiny and heavy workloads (evaluation in the last round only) with 1 process
+    and with 2 (torchrun), one torch thread each, beside the floor, raylf local and raylf on Ray
+    with 2 workers. Each repeat (3 tiny, 2 heavy) runs all five in turn, so that a change in
+    the machine's load hits all of them; ratios are taken within a repeat."""
+    rows: list[dict[str, Any]] = []
+    for name, full, reps in (("tiny", W.TINY, 3), ("heavy", W.HEAVY, 2)):
+        base = W.with_fields(full, eval_every=full["federation"]["rounds"])
+        spec = W.make_spec(base)
+        same_layout = W.trains_channels_last(spec)
+        runs: dict[str, list[dict[str, Any]]] = {
+            "floor": [], "pfl-1p": [], "local": [], "pfl-2p": [], "ray-2w": []}
+        with exported(spec) as path:
+            for _ in range(reps):
+                runs["floor"].append(measure_floor(base))
+                runs["pfl-1p"].append(run_peer(PFL, path, "--processes", "1", "--threads", "1"))
+                runs["local"].append(measure_raylf(base, "local", 1))
+                runs["pfl-2p"].append(run_peer(PFL, path, "--processes", "2", "--threads", "1"))
+                runs["ray-2w"].append(measure_raylf(base, "ray", 2))
+        floor = summarize(runs["floor"])
+        log(f"[pfl] [{name}] floor {floor['round_s']:.4f} s/round")
+        rows.append(row("pfl", name, "floor", base, workers=1, ratio_to_floor=1.0,
+                        max_acc_diff_vs_floor=0.0,
+                        note="plain PyTorch loop, 1 thread; evaluation in the last round only",
+                        **floor))
+        for variant, workers in (("local", 1), ("ray-2w", 2)):
+            m = summarize(runs[variant])
+            ratio = float(np.median([r["round_s"] / f["round_s"]
+                                     for r, f in zip(runs[variant], runs["floor"])]))
+            layout = " (on raylf's channels-last CNN layout: acc diff is float rounding)" \
+                if same_layout else ""
+            rows.append(row("pfl", name, f"raylf {variant}", base, workers=workers,
+                            ratio_to_floor=ratio,
+                            max_acc_diff_vs_floor=max(max_diff(r["acc"], f["acc"]) for r, f
+                                                      in zip(runs[variant], runs["floor"])),
+                            note=f"raylf, cohort auto{layout}", **m))
+            log(f"[pfl] [{name}] raylf {variant} {m['round_s']:.4f} s/round ({ratio:.2f}x floor)")
+        for processes, ours in ((1, "local"), (2, "ray-2w")):
+            results = runs[f"pfl-{processes}p"]
+            over_ours = float(np.median([W.median_after_first(p["round_s"]) / r["round_s"]
+                                         for p, r in zip(results, runs[ours])]))
+            outer = float(np.median([p["outer_s"] for p in results]))
+            rows.append(peer_row(
+                PFL, results, name, base, runs["floor"], workers=processes,
+                suffix=f" {processes}p",
+                note=(f"{processes} process{'es (torchrun, gloo)' if processes > 1 else ''}, "
+                      f"1 torch thread each; pfl/raylf {ours} per round {over_ours:.2f}x; "
+                      f"wall = algorithm.run ({outer:.1f}s with process start, data loading, "
+                      f"final evaluation); {PFL_UNEQUAL}"
+                      + ("; pfl and the floor train the plain NCHW CNN" if same_layout
+                         else ""))))
+            r = rows[-1]
+            log(f"[pfl] [{name}] pfl {processes}p {r['round_s']:.4f} s/round "
+                f"({r['ratio_to_floor']:.2f}x floor, {over_ours:.2f}x raylf {ours}); acc "
+                f"{r['acc_mean']:.4f} vs floor {floor['acc_mean']:.4f} "
+                f"(max diff {r['max_acc_diff_vs_floor']:.2g})")
     return rows
 
 
@@ -495,6 +616,8 @@ def markdown(rows: list[dict[str, Any]], machine: dict[str, Any]) -> str:
                      "startup_s", "peak_rss_all_gib", "peak_pss_gib", "wall_s", "note"]),
         ("flower", ["workload", "variant", "round_s", "round_s_mean", "ratio_to_floor", "wall_s",
                     "acc_mean", "max_acc_diff_vs_floor", "note"]),
+        ("pfl", ["workload", "variant", "workers", "repeats", "round_s", "round_s_mean",
+                 "ratio_to_floor", "wall_s", "acc_mean", "max_acc_diff_vs_floor", "note"]),
     ):
         part = [r for r in rows if r["section"] == section]
         if not part:
@@ -526,10 +649,10 @@ def write(rows: list[dict[str, Any]], machine: dict[str, Any], out_dir: Path) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes, one repeat, no Flower (the smoke test)")
+                        help="small sizes, one repeat, no peers: Flower, pfl (the smoke test)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--sections", default="overhead,scaling,million,flower",
-                        help="comma list of overhead, scaling, million, flower")
+    parser.add_argument("--sections", default="overhead,scaling,million,flower,pfl",
+                        help="comma list of overhead, scaling, million, flower, pfl")
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
     out_dir = Path(args.out)
@@ -549,16 +672,24 @@ def main(argv: list[str] | None = None) -> int:
             rows += scaling_section(args.quick, log)
         if "million" in sections and not args.quick:
             rows += million_section(log)
-        if "flower" in sections and not args.quick:
-            if FLOWER_PY.exists():
-                try:
-                    rows += flower_section(log, out_dir)
-                except (subprocess.SubprocessError, OSError, RuntimeError, ValueError) as err:
-                    log(f"[flower] failed: {err!r}")
-                    start_ray()
-            else:
-                log(f"[flower] skipped: no Flower venv at {FLOWER_PY} "
-                    "(benchmarks/setup_flower_venv.sh)")
+        peers: list[tuple[Peer, Callable[[], list[dict[str, Any]]]]] = [
+            (FLOWER, lambda: flower_section(log)),
+            (PFL, lambda: pfl_section(log))]
+        for peer, section in peers:
+            if peer.section not in sections:
+                continue
+            if args.quick:
+                log(f"[{peer.section}] skipped: --quick leaves the peer frameworks out")
+                continue
+            if not peer.python.exists():
+                log(f"[{peer.section}] skipped: no {peer.section} venv at {peer.python} "
+                    f"(benchmarks/{peer.setup})")
+                continue
+            try:
+                rows += section()
+            except (subprocess.SubprocessError, OSError, RuntimeError, ValueError) as err:
+                log(f"[{peer.section}] failed: {err!r}")
+                start_ray()
     finally:
         stop_ray()
     machine["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)

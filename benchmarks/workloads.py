@@ -151,20 +151,26 @@ def participants_of(spec: ExperimentSpec) -> np.ndarray:
 
 
 def export_npz(spec: ExperimentSpec, path, cpus_per_client: float = 1.0) -> None:
-    """The Flower side's workload file for an MLP spec: identical data, partition, participants,
-    initial weights and hyperparameters (see benchmarks/flower_side.py)."""
-    if spec.model.name != "mlp" or spec.method.name != "fedavg":
-        raise ValueError("the Flower workload covers fedavg with the mlp model")
+    """A peer side's workload file (benchmarks/flower_side.py: the mlp; benchmarks/pfl_side.py:
+    mlp and cnn): identical data, partition, participants, initial weights and hyperparameters.
+    ``x`` is stored flat; ``config["input_shape"]`` gives each sample's shape."""
+    if spec.model.name not in ("mlp", "cnn") or spec.method.name != "fedavg":
+        raise ValueError("the peer workload covers fedavg with the mlp or cnn model")
     fed = build_federation(spec)
     source = sources.load_source(spec.dataset.name, spec.dataset.params)
     bp = Blueprint(spec, fed)
     names = [s.name for s in bp.layout.slots]
-    assert all(s.is_param for s in bp.layout.slots), names  # Linear weights and biases only
+    assert all(s.is_param for s in bp.layout.slots), names  # weights and biases only, no buffers
     fcfg = spec.federation
-    config = {"hidden": list(spec.model.params.hidden), "num_classes": fed.num_classes,
+    mp = spec.model.params
+    arch = {"hidden": list(mp.hidden)} if spec.model.name == "mlp" else \
+        {"channels": list(mp.channels), "features": mp.features}
+    config = {"model": spec.model.name, **arch, "input_shape": list(fed.input_shape),
+              "num_classes": fed.num_classes,
               "rounds": fcfg.rounds, "local_epochs": fcfg.local_epochs,
               "batch_size": fcfg.batch_size, "lr": fcfg.optimizer.lr,
-              "momentum": fcfg.optimizer.momentum, "seed": spec.seed,
+              "momentum": fcfg.optimizer.momentum,
+              "weight_decay": fcfg.optimizer.weight_decay, "seed": spec.seed,
               "cpus_per_client": cpus_per_client, "layout": names}
     arrays = {f"train_idx_{k}": np.asarray(i, dtype=np.int64) for k, i in enumerate(fed.train)}
     arrays.update({f"test_idx_{k}": np.asarray(i, dtype=np.int64) for k, i in enumerate(fed.test)})

@@ -1,7 +1,8 @@
 """Smoke run of the benchmark harness: ``python benchmarks/run.py --quick`` writes its table.
 
 Runs in a subprocess (the harness starts and stops its own Ray). Quick mode never includes the
-Flower side, so this test needs no Flower venv and is never skipped. No wall-time assertions.
+peer frameworks (Flower, pfl), so this test needs neither venv and is never skipped. No
+wall-time assertions.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def test_quick_run_writes_expected_table(tmp_path):
         ("scaling", "synthetic-100", "ray-1w"), ("scaling", "synthetic-1000", "ray-1w"),
     }
     assert expected <= keys, expected - keys
-    assert not any(r["section"] == "flower" for r in rows)  # quick mode leaves Flower out
+    # quick mode leaves the peers out, and says so
+    assert not any(r["section"] in ("flower", "pfl") for r in rows)
+    assert "[pfl] skipped: --quick" in proc.stderr
 
     for r in rows:
         assert r["round_s"] > 0 and math.isfinite(r["round_s"]), r
