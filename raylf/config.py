@@ -2,7 +2,9 @@
 
 Structure is checked by pydantic; each named component (dataset, scenario, model, method) then
 validates its own parameters with the ``Params`` model it registered, so a sweep axis such as
-``method.params.mu`` or ``scenario.alpha`` is checked exactly like the file.
+``method.params.mu`` or ``scenario.alpha`` is checked exactly like the file. The method then
+adds what only it sees in the whole spec (``Method.check``: FedCE's two participants per round),
+and every problem found is reported in one error.
 """
 
 from __future__ import annotations
@@ -264,6 +266,7 @@ def validate(raw: dict[str, Any], source: str | None = None) -> ExperimentSpec:
                 problems.append(("method.name", (
                     f"{comp.name} needs the scenario's latent group labels; scenario "
                     f"{spec.scenario.name!r} has none (use one of: {', '.join(with_groups)})")))
+            problems.extend(entry.check(spec))
         else:
             comp._params = validated
     if problems:

@@ -125,6 +125,23 @@ def params_have_valid_defaults(name: str, params: dict | None) -> None:
     METHODS.get(name).Params()
 
 
+def declared_evaluation_matches_evaluate(name: str, params: dict | None) -> None:
+    """``evaluation`` (how the runtime scores clients) agrees with the class: ``own`` exactly
+    when it overrides ``evaluate``. The runtime reads only the declaration, so an override under
+    ``shared`` or ``per_client`` would never run, and ``own`` without one gives up batched
+    evaluation for nothing."""
+    cls = METHODS.get(name)
+    overrides = cls.evaluate is not Method.evaluate
+    if overrides:
+        assert cls.evaluation == "own", \
+            f"it overrides evaluate but declares evaluation = {cls.evaluation!r}, so the " \
+            "runtime never calls that override; declare evaluation = 'own'"
+    else:
+        assert cls.evaluation != "own", \
+            "it declares evaluation = 'own' but inherits Method.evaluate; declare " \
+            "'per_client' (or 'shared'), or override evaluate"
+
+
 def same_seed_gives_identical_tables(name: str, params: dict | None) -> None:
     """Two runs of one spec write the same rounds and clients tables, and every client is
     scored on both of its evaluation splits."""
@@ -223,6 +240,7 @@ def ray_backend_gives_identical_client_results(name: str, params: dict | None) -
 Check = Callable[[str, dict | None], None]
 CHECKS: dict[str, Check] = {check.__name__: check for check in (
     params_have_valid_defaults,
+    declared_evaluation_matches_evaluate,
     same_seed_gives_identical_tables,
     participants_upload_the_same_keys_and_bytes_count_what_was_sent,
     checkpoint_and_restore_equals_an_uninterrupted_run,

@@ -69,6 +69,11 @@ EXPERIMENTS = [
      "resources.client_data", "use sharded or auto"),
     ("multi-task-method-single-task-data", {"method": {"name": "fmtsvm"}}, [], "method.name",
      "digits_multitask"),
+    ("method-check-one-participant",
+     {"method": {"name": "fedce"}, "federation__participation": 0.1}, [],
+     "federation.participation", "fedce needs at least 2 participants per round"),
+    ("method-check-groups-beyond-clients", {"method": {"name": "fc", "params": {"groups": 9}}},
+     [], "method.params.groups", "use at most federation.num_clients"),
     ("oracle-on-scenario-without-groups",
      {"method": {"name": "clustered_oracle"}, "scenario": {"name": "iid"}}, [], "method.name",
      "has none (use one of: "),
@@ -94,6 +99,17 @@ def test_bad_experiment_spec(tmp_path, capsys, changes, overrides, field, fix):
     code = run.main([str(experiment_file(tmp_path, **changes)), "--out", str(tmp_path / "out"),
                      "--backend", "local", *(f"--set={o}" for o in overrides)])
     assert_refused(code, capsys.readouterr().err, field, fix, tmp_path / "out")
+
+
+def test_a_method_check_and_a_field_error_exit_2_in_one_message(tmp_path, capsys):
+    """A problem only the method sees (``Method.check``) is reported with the spec's other
+    errors, not after they are fixed."""
+    spec = experiment_file(tmp_path, method={"name": "spcacw", "params": {"targets": [0, 9]}})
+    code = run.main([str(spec), "--out", str(tmp_path / "out"), "--backend", "local",
+                     "--set=scenario.k=0"])
+    err = capsys.readouterr().err
+    assert_refused(code, err, "scenario.k", "greater than or equal to 1", tmp_path / "out")
+    assert "method.params.targets: targets must be distinct client ids in 0..7" in err
 
 
 @pytest.mark.parametrize("arrays, fix", [

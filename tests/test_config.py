@@ -74,6 +74,43 @@ def test_structure_errors_come_before_component_errors():
     assert [path for path, _ in info.value.problems] == ["scenario.k"]
 
 
+def test_a_method_check_is_reported_with_every_other_error():
+    """A problem only the method sees (``Method.check``) joins the component errors in one
+    SpecError, so one attempt names everything to fix."""
+    raw = small_spec_dict(method={"name": "fedce"}, federation__participation=0.1)
+    raw["scenario"]["k"] = "two"
+    with pytest.raises(SpecError) as info:
+        validate(raw)
+    assert [path for path, _ in info.value.problems] == ["scenario.k",
+                                                         "federation.participation"]
+    assert "at least 2 participants per round" in str(info.value)
+
+
+@pytest.mark.parametrize("method, changes, field, words", [
+    ({"name": "fedce"}, {"federation__participation": 0.1}, "federation.participation",
+     "raise federation.participation or federation.num_clients"),
+    ({"name": "fc", "params": {"groups": 9}}, {}, "method.params.groups",
+     "groups=9 exceeds the 8 clients"),
+    ({"name": "spcacw", "params": {"targets": [0, 8]}}, {}, "method.params.targets",
+     "distinct client ids in 0..7"),
+    ({"name": "selfish_local", "params": {"targets": [1, 1]}}, {}, "method.params.targets",
+     "got [1, 1]"),
+    ({"name": "spcacw", "params": {"targets": []}}, {}, "method.params.targets", "got []"),
+], ids=["fedce-one-participant", "fc-groups-beyond-clients", "spcacw-target-beyond-clients",
+        "selfish-repeated-target", "spcacw-no-target"])
+def test_method_checks_refuse_at_validation(method, changes, field, words):
+    with pytest.raises(SpecError) as info:
+        validate(small_spec_dict(method=method, **changes))
+    assert [path for path, _ in info.value.problems] == [field]
+    assert words in str(info.value)
+
+
+def test_method_checks_accept_what_the_federation_allows():
+    validate(small_spec_dict(method={"name": "fedce"}))  # 4 participants of 8
+    validate(small_spec_dict(method={"name": "fc", "params": {"groups": 8}}))
+    validate(small_spec_dict(method={"name": "spcacw", "params": {"targets": [7, 0]}}))
+
+
 def test_missing_file_and_bad_yaml(tmp_path):
     with pytest.raises(SpecError, match="not found"):
         load_spec(tmp_path / "nope.yaml")

@@ -81,6 +81,32 @@ class Leaky(FedAvg):
         return replace(plan, start=plan.start + 1e-3 * next(self.calls))
 
 
+class ScoresItsOwnWay(FedAvg):
+    """Overrides ``evaluate`` but keeps FedAvg's ``shared`` evaluation: never called."""
+
+    name = "toy_scores_its_own_way"
+
+    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
+        return []
+
+
+class ClaimsItsOwnWay(FedAvg):
+    """Declares ``own`` evaluation without an ``evaluate`` of its own."""
+
+    name = "toy_claims_its_own_way"
+    evaluation = "own"
+
+
+@pytest.mark.parametrize("method, words", [
+    (ScoresItsOwnWay, "overrides evaluate but declares evaluation = 'shared'"),
+    (ClaimsItsOwnWay, "declares evaluation = 'own' but inherits Method.evaluate"),
+])
+def test_check_method_refuses_an_evaluation_declaration_its_class_contradicts(method, words):
+    with pytest.raises(AssertionError, match="declared_evaluation_matches_evaluate") as failed:
+        check_method(method, checks=["declared_evaluation_matches_evaluate"])
+    assert words in str(failed.value)
+
+
 def test_check_method_names_the_method_and_every_check_it_fails():
     checks = ["params_have_valid_defaults",
               "participants_upload_the_same_keys_and_bytes_count_what_was_sent",

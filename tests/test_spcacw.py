@@ -232,9 +232,8 @@ def test_fixed_rules():
 def test_spec_errors():
     with pytest.raises(SpecError, match="latent group labels"):
         validate(small_spec_dict(method__name="selfish_oracle", scenario={"name": "iid"}))
-    model = tiny_model()
-    with pytest.raises(SpecError, match="targets"):
-        SPCACW(SPCACWParams(targets=[0, 9]), context(model, 3))
+    with pytest.raises(SpecError, match="method.params.targets"):
+        validate(small_spec_dict(method={"name": "spcacw", "params": {"targets": [0, 9]}}))
 
 
 # ---- a short run -------------------------------------------------------------------------------

@@ -13,6 +13,11 @@ FedSoft's importance estimation); then evaluation. Before round 1, methods that 
 plain functions of tensors and dicts; nothing here imports Ray, so a method is unit-testable on
 its own and runs unchanged on every backend.
 
+What the validator and the runtime must know of a method before anything runs is declared on
+its class: ``check`` (problems of a spec only the method sees), ``build_model`` (the model's
+shape), ``evaluation`` (how clients are scored), ``requires``, ``personal_state`` and the
+other class attributes below.
+
 Every hook that belongs to a round is told its number ``rnd``: server hooks as a positional
 argument, client hooks (``plan``, ``local_update``, ``report``, ``evaluate``) as a
 keyword. A method never needs to carry the round in its payloads (where it would be counted as
@@ -37,7 +42,9 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
-from raylf.data.federation import ClientData
+from raylf.config import ExperimentSpec
+from raylf.data.federation import ClientData, Federation
+from raylf.models import SplitModel
 from raylf.registry import Registry
 from raylf.training import PARTS, LocalTrainer, LossFn, ParamLayout, weighted_mean
 
@@ -185,8 +192,19 @@ class Method:
     """True when clients keep resident state (a private head, a personal model) across rounds.
     It lives in the hosting worker's CPU memory and visits the device only while its client
     trains or is evaluated."""
-    shared_deployable: ClassVar[bool] = False
-    """True when every client is evaluated with the same broadcast model (one pass per shard)."""
+    evaluation: ClassVar[Literal["shared", "per_client", "own"]] = "per_client"
+    """How the runtime scores clients, declared so it need not guess from the overrides.
+
+    - ``shared``: every client with the same broadcast model (``deployable(payload, None,
+      None)``), one forward pass per block of clients; ``evaluate`` is never called.
+    - ``per_client``: each client's ``deployable`` scored like the default ``evaluate`` (one
+      row, task ``main``), so the runtime may score many clients in one batched pass (cohort
+      evaluation) when it trains in cohorts.
+    - ``own``: the method's ``evaluate`` override, one client at a time (rows per task,
+      several deployables, fine-tuning before scoring).
+
+    A method that overrides ``evaluate`` declares ``own``; ``raylf.testing.check_method``
+    refuses a declaration that disagrees with the override."""
     averaged: ClassVar[frozenset[str]] = frozenset()
     """Upload keys sent as plain tensors but read only through ``Uploads.mean``: each is a
     ``share`` of weight n_k in group 0. The round's return message and the server's memory stop
@@ -204,6 +222,28 @@ class Method:
     def __init__(self, params: MethodParams, ctx: MethodContext):
         self.params = params
         self.ctx = ctx
+
+    @classmethod
+    def check(cls, spec: ExperimentSpec) -> list[tuple[str, str]]:
+        """Problems of ``spec`` that only this method sees, as (field, message) pairs naming
+        the fix; none by default. ``raylf.config.validate`` calls it once the spec's structure
+        and the method's params (``spec.method.hparams``) are valid and reports what it returns
+        together with every other error of the spec, so a user fixes them all in one go.
+        Only what the spec alone decides belongs here: a problem that needs the data (the
+        dataset's labels, a split the data fixes) or the built model is raised where those are
+        known (``build_model``, the constructor)."""
+        return []
+
+    @classmethod
+    def build_model(cls, spec_model: Callable[[int], SplitModel], federation: Federation,
+                    params: MethodParams) -> SplitModel:
+        """The model the server and every client start from (``raylf.runtime.Blueprint``).
+
+        ``spec_model(outputs)`` builds the spec's model through the model factory with that
+        many head outputs; ``params`` are the method's. By default the spec's model with one
+        output per class; a method overrides this to shape the model itself (a head per task,
+        no encoder, a linear feature layer)."""
+        return spec_model(federation.num_classes)
 
     @property
     def has_setup(self) -> bool:

@@ -59,6 +59,7 @@ class ClusteredOracle(Method):
 
     name = "clustered_oracle"
     requires = frozenset({"groups"})
+    evaluation = "own"  # rows carry the group id
 
     def server_init(self, init):
         return group_state(init, torch.as_tensor(latent_group_ids(self.ctx)))

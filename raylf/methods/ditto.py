@@ -30,6 +30,7 @@ class Ditto(Method):
     name = "ditto"
     Params = DittoParams
     personal_state = True
+    evaluation = "own"  # the personal and the global model
     averaged = frozenset({"model"})
     deployables = ("personal", "global")
 

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from raylf.errors import SpecError
 from raylf.methods.base import MethodParams, register
 from raylf.methods.perstep import PeerStepMethod
 from raylf.seeding import stream
@@ -68,11 +67,16 @@ class FC(PeerStepMethod):
     name = "fc"
     Params = FCParams
 
+    @classmethod
+    def check(cls, spec):
+        groups, clients = spec.method.hparams.groups, spec.federation.num_clients
+        if groups <= clients:
+            return []
+        return [("method.params.groups", (
+            f"groups={groups} exceeds the {clients} clients; use at most "
+            "federation.num_clients"))]
+
     def learner_ids(self):
-        if self.params.groups > self.ctx.num_clients:
-            raise SpecError([("method.params.groups", (
-                f"groups={self.params.groups} exceeds the {self.ctx.num_clients} clients; use "
-                "at most num_clients"))])
         return np.arange(self.ctx.num_clients)
 
     @property

@@ -115,7 +115,7 @@ class FedALA(FedAvg):
     Params = FedALAParams
     personal_state = True
     smoke_params = {"start_passes": 2}  # the first ALA's passes: 50 ResNet-18 passes per client
-    shared_deployable = False
+    evaluation = "own"  # the ALA-adapted model, not the broadcast one
 
     @property
     def slots(self) -> list[Slot]:

@@ -128,6 +128,7 @@ class FedAMP(Method):
     name = "fedamp"
     Params = FedAMPParams
     personal_state = True
+    evaluation = "own"  # the personal and the cloud model
     deployables = ("personal", "cloud")
 
     def server_init(self, init):

@@ -12,7 +12,7 @@ from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, regi
 @register
 class FedAvg(Method):
     name = "fedavg"
-    shared_deployable = True
+    evaluation = "shared"
     averaged = frozenset({"model"})
 
     def server_init(self, init):

@@ -30,6 +30,7 @@ class FedBABUParams(MethodParams):
 class FedBABU(Method):
     name = "fedbabu"
     Params = FedBABUParams
+    evaluation = "own"  # fine-tunes before scoring
     smoke_params = {"finetune_epochs": 1}  # every client fine-tunes before each evaluation
     averaged = frozenset({"encoder"})
     deployables = ("finetuned", "global")

@@ -79,14 +79,18 @@ class FedCE(Method):
     name = "fedce"
     Params = FedCEParams
     personal_state = True
-    shared_deployable = True
+    evaluation = "shared"
+
+    @classmethod
+    def check(cls, spec):
+        if spec.federation.participants_per_round() >= 2:
+            return []
+        return [("federation.participation", (
+            "fedce needs at least 2 participants per round (a minus model leaves one out); "
+            "raise federation.participation or federation.num_clients"))]
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        if ctx.participants_per_round < 2:
-            raise SpecError([("federation.participation", (
-                "fedce needs at least 2 participants per round (a minus model leaves one out); "
-                "raise federation.participation or federation.num_clients"))])
         self.params_mask = torch.zeros(ctx.layout.size, dtype=torch.bool)
         for slot in ctx.layout.slots:
             if slot.is_param:
@@ -94,7 +98,9 @@ class FedCE(Method):
 
     @classmethod
     def build_model(cls, spec_model, federation, params):
-        """The spec's model, once the scenario is known to hold validation data."""
+        """The spec's model, once the scenario is known to hold validation data: checked here,
+        not in ``check``, because a dataset's split array can supply the validation split
+        without ``scenario.val_fraction``, so only the built federation knows."""
         if not federation.has_val:
             raise SpecError([("scenario.val_fraction", (
                 "fedce scores each client's minus model on its validation split; set "

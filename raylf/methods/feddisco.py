@@ -47,7 +47,7 @@ def disco_weights(n: np.ndarray, d: np.ndarray, a: float, b: float) -> tuple[np.
 class FedDisco(Method):
     name = "feddisco"
     Params = FedDiscoParams
-    shared_deployable = True
+    evaluation = "shared"
 
     def server_init(self, init):
         """No discrepancy (d = 0, weights from sizes alone) until the histograms arrive."""

@@ -77,6 +77,7 @@ class FedSoft(Method):
     name = "fedsoft"
     Params = FedSoftParams
     personal_state = True
+    evaluation = "own"  # the local and the chosen cluster model
     deployables = ("local", "cluster")
 
     @property

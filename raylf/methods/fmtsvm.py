@@ -145,7 +145,7 @@ class FedPureCNN(FedAvg):
     Params = FedPureCNNParams
     kind = SOFTMAX
     requires = frozenset({"tasks"})
-    shared_deployable = False  # rows per task, not the single-task shared evaluation
+    evaluation = "own"  # rows per task, not the single-task shared evaluation
 
     @classmethod
     def build_model(cls, spec_model, federation, params) -> SplitModel:
@@ -208,6 +208,7 @@ class FMTSVM(Method):
     name = "fmtsvm"
     Params = FMTSVMParams
     personal_state = True
+    evaluation = "own"  # rows per task for two deployables
     requires = frozenset({"tasks"})
     averaged = frozenset({"encoder"})  # heads stay per client: Σ needs their spread
     deployables = ("global_heads", "own_heads")  # the paper's model first

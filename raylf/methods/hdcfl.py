@@ -102,6 +102,7 @@ class HDCFL(Method):
     name = "hdcfl"
     Params = HDCFLParams
     personal_state = True
+    evaluation = "own"  # the mixture and the shared-encoder row
     averaged = frozenset({"encoder"})
     deployables = ("mixture", "shared")
 

@@ -53,6 +53,7 @@ def lowest_loss(trainer, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor)
 class IFCA(Method):
     name = "ifca"
     Params = IFCAParams
+    evaluation = "own"  # picks its cluster on the client's data first
 
     def server_init(self, init):
         return {"models": self.ctx.initial_models(self.params.clusters)}

@@ -108,7 +108,8 @@ def linear_features(model: SplitModel, method: str) -> SplitModel:
     """``model`` with the ReLU that ends its encoder removed (eq. 7's linear feature layer).
 
     Only encoders built as a sequence ending in Linear → ReLU (``cnn``, ``mlp``) have that
-    ReLU; any other is refused rather than left silently unchanged."""
+    ReLU; any other is refused rather than left silently unchanged. Refused here, not in
+    ``Method.check``: the encoder's last layers are known once the model is built."""
     layers = list(model.encoder) if isinstance(model.encoder, nn.Sequential) else []
     if len(layers) < 2 or not isinstance(layers[-1], nn.ReLU) \
             or not isinstance(layers[-2], nn.Linear):
@@ -166,7 +167,9 @@ def _label_counts(dataset: str, params_json: str) -> dict[str, int]:
 
 def multiclass_classes(method: str, federation) -> int:
     """C of the ``multiclass`` task, after checking the dataset has both tasks and 0/1 binary
-    labels; every problem is a SpecError naming the dataset and the fix."""
+    labels; every problem is a SpecError naming the dataset and the fix. Checked here, when the
+    model is built, not in ``Method.check``: a dataset's tasks and labels are known once it is
+    loaded (an npz names its own)."""
     missing = [t for t in TASKS if t not in federation.tasks]
     if missing:
         raise SpecError([("method.name", (

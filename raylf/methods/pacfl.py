@@ -211,6 +211,7 @@ def one_cluster_warning(distances: np.ndarray, beta: float, params: PACFLParams)
 class PACFL(Method):
     name = "pacfl"
     Params = PACFLParams
+    evaluation = "own"  # rows carry the cluster id
 
     def server_init(self, init):
         """One cluster of everyone until the setup phase has clustered the clients."""

@@ -63,6 +63,7 @@ class PeerStepMethod(Method):
     """The runtime above; a subclass names its learners and turns gradients into directions."""
 
     personal_state = True
+    evaluation = "own"  # learners only
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

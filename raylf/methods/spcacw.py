@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from raylf.errors import SpecError
 from raylf.methods.base import MethodParams, register
 from raylf.methods.perstep import PeerStepMethod, steps_per_epoch
 from raylf.methods.simplex import minimize_on_simplex
@@ -119,16 +118,18 @@ class Selfish(PeerStepMethod):
     Params = SelfishParams
     rule: ClassVar[str] = "learned"
 
+    @classmethod
+    def check(cls, spec):
+        targets, n = spec.method.hparams.targets, spec.federation.num_clients
+        if targets == "all" or (targets and len(set(targets)) == len(targets)
+                                and all(0 <= t < n for t in targets)):
+            return []
+        return [("method.params.targets", (
+            f"targets must be distinct client ids in 0..{n - 1} (or all); got {targets}"))]
+
     def learner_ids(self):
         targets = self.params.targets
-        n = self.ctx.num_clients
-        if targets == "all":
-            return np.arange(n)
-        bad = [t for t in targets if not 0 <= t < n]
-        if bad or len(set(targets)) != len(targets) or not targets:
-            raise SpecError([("method.params.targets", (
-                f"targets must be distinct client ids in 0..{n - 1} (or all); got {targets}"))])
-        return np.array(sorted(targets))
+        return np.arange(self.ctx.num_clients) if targets == "all" else np.array(sorted(targets))
 
     def initial_alpha(self) -> torch.Tensor:
         m, targets = self.ctx.num_clients, torch.as_tensor(self.learners)

@@ -33,11 +33,7 @@ class Blueprint:
     def build_model(self, index: int | None = None) -> SplitModel:
         """The common initialization (``index`` None): every client and the server start from
         these weights; with an ``index``, the independently seeded model ``index`` (a cluster
-        model of IFCA or FedSoft).
-
-        A method class may define ``build_model(spec_model, federation, params)`` to shape the
-        model itself (a head per task, no encoder, a linear feature layer); ``spec_model(outputs)``
-        builds the spec's model with that many head outputs, ``params`` are the method's.
+        model of IFCA or FedSoft), shaped by the method's ``Method.build_model``.
         """
         # (1, index), not (index,): a seed key's trailing zeros are ignored, so index 0
         # would otherwise reproduce the common init
@@ -50,9 +46,8 @@ class Blueprint:
             return build_model(self.spec.model.name, self.spec.model.params, fed.input_shape,
                                outputs)
 
-        custom = getattr(METHODS.get(self.spec.method.name), "build_model", None)
-        return custom(spec_model, fed, self.spec.method.hparams) if custom else \
-            spec_model(fed.num_classes)
+        return METHODS.get(self.spec.method.name).build_model(spec_model, fed,
+                                                              self.spec.method.hparams)
 
     @cached_property
     def layout(self) -> ParamLayout:

@@ -26,7 +26,7 @@ from raylf.cohort import (
     not_worthwhile,
     unsupported_reason,
 )
-from raylf.methods.base import ClientUpdate, Method, Share, score
+from raylf.methods.base import ClientUpdate, Share, score
 from raylf.runtime.blueprint import Blueprint, pick_device
 from raylf.runtime.memory import peak_memory
 from raylf.seeding import derive
@@ -286,9 +286,9 @@ class ClientShard:
             return []
         rows = []
         for number, split in enumerate(self.splits):
-            if self.method.shared_deployable:
+            if self.method.evaluation == "shared":
                 per_client = self._shared_rows(payload, client_ids, split)
-            elif self.cohort is not None and type(self.method).evaluate is Method.evaluate:
+            elif self.method.evaluation == "per_client" and self.cohort is not None:
                 per_client = self._cohort_rows(payload, client_ids, extras, split)
             else:
                 per_client = [self.method.evaluate(
