@@ -17,6 +17,7 @@ from raylf import learning_check, results
 from raylf.config import ExperimentSpec
 from raylf.data import build_federation
 from raylf.errors import SpecError
+from raylf.methods import METHODS
 from raylf.runtime import Blueprint, open_runtime
 from raylf.runtime.coordinator import RoundOutcome
 
@@ -205,6 +206,7 @@ def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, sta
         "trial_id": trial_id, "sweep": sweep, "name": spec.name, "method": spec.method.name,
         "dataset": spec.dataset.name, "scenario": spec.scenario.name, "model": spec.model.name,
         "seed": spec.seed, "backend": backend, "status": status, "error": error,
+        "round_unit": METHODS.get(spec.method.name).round_unit,
         "diverged_round": diverged_round, "rounds": len(rounds), "wall_s": wall_s,
         "bytes_up": sum(r["bytes_up"] for r in rounds),
         "bytes_down": sum(r["bytes_down"] for r in rounds),

@@ -10,6 +10,8 @@ exactly as the report does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 SETTING_FIELDS = ("dataset.", "scenario.", "model.", "federation.", "eval_every")
@@ -68,3 +70,9 @@ def _with_varied(trials: pd.DataFrame, names: pd.Series, fields: list[str],
             assigned = group.apply(lambda row, n=short: _assignments(row, n), axis=1)
             labels[group.index] = [form.format(name, a) if a else name for a in assigned]
     return labels
+
+
+def point_label(point: dict[str, Any]) -> str:
+    """``mu=0.01, lr=0.05``: each field by its last name, sampled floats to 4 digits."""
+    return ", ".join(f"{k.rsplit('.', 1)[-1]}={format(v, '.4g') if isinstance(v, float) else v}"
+                     for k, v in point.items())

@@ -15,11 +15,10 @@ from __future__ import annotations
 import pandas as pd
 
 from raylf import guards, metrics, results, stats
-from raylf.labels import setting_labels
-from raylf.sweepspec import point_label
+from raylf.labels import point_label, setting_labels
+from raylf.results import STATUSES
 
 METRICS = ("acc_mean", "acc_worst", "acc_bottom20", "acc_gap")
-STATUSES = ("ok", "diverged", "failed", "timeout")
 CHOICE_COLUMNS = {"chosen_by": "objective", "val_score": "score", "search_rank": "rank",
                   "search_points": "points", "search_trials": "budget"}
 

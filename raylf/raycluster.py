@@ -20,6 +20,17 @@ def _job_runtime_env() -> dict:
     return (json.loads(raw).get("runtime_env") or {}) if raw else {}
 
 
+def local_totals(num_cpus: int | None, num_gpus: float | None,
+                 wanted_gpus: float) -> dict[str, float]:
+    """What a Ray started here by :func:`connect` will hold, known before it starts: a plan
+    that can never fit (GPU shares with ``--num-gpus 0``) is refused before paying for a start,
+    and ``--dry-run`` plans against it without starting one."""
+    gpus = num_gpus
+    if gpus is None:
+        gpus = torch.cuda.device_count() or (1.0 if wanted_gpus else 0.0)
+    return {"CPU": float(num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}
+
+
 def connect(address: str | None, num_gpus: float | None, wanted_gpus: float,
             num_cpus: int | None = None, dashboard: bool = False, verbose: bool = False):
     """Join ``address`` (or $RAY_ADDRESS), else start a single-node Ray on this machine; return
@@ -45,14 +56,11 @@ def connect(address: str | None, num_gpus: float | None, wanted_gpus: float,
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         return ray.init(address=address, log_to_driver=True, **common)
-    physical = torch.cuda.device_count()
-    if num_gpus is None:
-        num_gpus = physical
-        if wanted_gpus and not physical:
-            num_gpus = 1
-            print("raylf: no GPU on this machine; declaring 1 logical GPU so the spec's GPU "
-                  "shares schedule (training runs on the CPU; --num-gpus 0 forbids this)",
-                  file=sys.stderr)
+    if num_gpus is None and wanted_gpus and not torch.cuda.device_count():
+        print("raylf: no GPU on this machine; declaring 1 logical GPU so the spec's GPU "
+              "shares schedule (training runs on the CPU; --num-gpus 0 forbids this)",
+              file=sys.stderr)
+    num_gpus = local_totals(num_cpus, num_gpus, wanted_gpus)["GPU"]
     return ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus,
                     include_dashboard=dashboard, dashboard_host=DASHBOARD_HOST,
                     logging_level="info" if verbose else "warning", configure_logging=True,

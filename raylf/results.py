@@ -27,6 +27,7 @@ TABLES = ("trials", "rounds", "clients")
 _FLOAT = pa.float64()
 _INT = pa.int64()
 _STR = pa.string()
+STATUSES = ("ok", "diverged", "failed", "timeout")  # how a trial ends (the trials table's status)
 COLUMN_TYPES: dict[str, pa.DataType] = {
     "trial_id": _STR, "sweep": _STR, "method": _STR, "dataset": _STR, "scenario": _STR,
     "model": _STR, "seed": _INT, "status": _STR, "error": _STR, "backend": _STR,
@@ -44,6 +45,8 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "normalize": _STR, "normalize_mean": _STR, "normalize_std": _STR, "normalize_from": _STR,
     # where the data come from (SourceData.origin: real, standin, bundled, generated, user)
     "data_origin": _STR,
+    # what federation.rounds counts: "round", or "step" for the per-step methods
+    "round_unit": _STR,
 }
 
 

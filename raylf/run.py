@@ -8,6 +8,7 @@ reason in the trials table), 2 invalid spec, data or impossible resources (nothi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from raylf.config import ExperimentSpec, SpecError, load_spec
@@ -79,8 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     from raylf.experiment import run_experiment
 
     if args.backend == "ray":
-        from raylf.raycluster import connect
+        import ray
 
+        from raylf.raycluster import connect, local_totals
+        from raylf.runtime.ray_backend import check_fits
+
+        if not (args.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized()):
+            try:  # a local Ray that could never host the run is not started
+                check_fits(spec.resources, min(spec.resources.workers,
+                                               spec.federation.num_clients),
+                           local_totals(None, args.num_gpus, spec.resources.gpus_per_worker))
+            except SpecError as err:
+                print(err, file=sys.stderr)
+                return EXIT_SPEC
         connect(args.address, args.num_gpus, spec.resources.gpus_per_worker)
     rounds = spec.federation.rounds
 

@@ -22,8 +22,9 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from raylf.config import validate
 from raylf.errors import SpecError
+from raylf.labels import point_label
 from raylf.search import Choice, SearchStage, choose, read_choices, startup_samples, write_choices
-from raylf.sweepspec import SearchPlan, SweepSpec, Trial, point_label
+from raylf.sweepspec import SearchPlan, SweepSpec, Trial
 
 
 class GridStage:

@@ -30,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 from ray import tune
 
@@ -38,7 +39,7 @@ from raylf.config import ExperimentSpec, SpecError
 from raylf.estimate import ESTIMATE_ROUNDS
 from raylf.experiment import CHECKPOINTS_KEPT
 from raylf.leaderboard import leaderboard, render
-from raylf.raycluster import Capacity
+from raylf.raycluster import Capacity, local_totals
 from raylf.recipes import cluster_recipe
 from raylf.runtime.ray_backend import bundles
 from raylf.search import objective_value, stop_mark
@@ -208,8 +209,6 @@ def _metrics(values: dict[str, Any], objective: str | None) -> dict[str, Any]:
 def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int,
               checkpoint_min_s: float) -> None:
     """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one."""
-    import ray
-
     from raylf.experiment import Progress, RecordedStop, run_experiment
     from raylf.run import enforce_time_budget
 
@@ -495,13 +494,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _local_totals(args: argparse.Namespace, wanted_gpus: float) -> dict[str, float]:
-    gpus = args.num_gpus
-    if gpus is None:
-        gpus = torch.cuda.device_count() or (1.0 if wanted_gpus else 0.0)
-    return {"CPU": float(args.num_cpus or os.cpu_count() or 1), "GPU": float(gpus)}
-
-
 def probe_storage(root: str) -> None:
     """Create the sweep directory and write (and remove) a file in it; OSError if it cannot."""
     fs, base = results.filesystem(root)
@@ -668,18 +660,16 @@ def main(argv: list[str] | None = None) -> int:
                                                                       where)
 
     notices = data_notices(check, loaded)
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    local = None if address else local_totals(args.num_cpus, args.num_gpus, wanted_gpus)
     if args.dry_run:
-        address = args.address or os.environ.get("RAY_ADDRESS")
         if address:
-            import ray
-
             from raylf.raycluster import capacity
 
             ray.init(address=address, logging_level="error")
             cluster, where = capacity(), f"connected to {address}"
         else:
-            total = _local_totals(args, wanted_gpus)
-            cluster, where = Capacity(total, total), "a local Ray would be started"
+            cluster, where = Capacity(local, local), "a local Ray would be started"
         lines = describe(cluster, where)
         if recipe is not None:
             lines += resource_lines(sweep, sizing, recipe.capacity, recipe.where)[1:]
@@ -688,6 +678,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from raylf.raycluster import capacity, connect
 
+    if local is not None and not ray.is_initialized():
+        try:  # a local Ray that could never host the plan is not started
+            check_plan(sizing, local)
+        except SpecError as err:
+            print(err, file=sys.stderr)
+            return EXIT_SPEC
     context = connect(args.address, args.num_gpus, wanted_gpus, num_cpus=args.num_cpus,
                       dashboard=args.dashboard, verbose=args.verbose)
     storage.one_line_storage_errors()
@@ -699,7 +695,6 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as err:
         print(err, file=sys.stderr)
         return EXIT_SPEC
-    address = args.address or os.environ.get("RAY_ADDRESS")
     where = f"joined {address}" if address else "local Ray"
     print("\n".join(describe(cluster, where, listing=False) + notices))
     if args.dashboard and context is not None and context.dashboard_url:

@@ -31,6 +31,7 @@ from raylf.config import (
     validate,
 )
 from raylf.experiment import default_trial_id
+from raylf.labels import point_label
 
 SWEEP_FIELDS = ("name", "base", "experiment", "overrides", "grid", "methods", "seeds",
                 "search_seeds", "top_k", "resources", "max_concurrent", "checkpoint_every",
@@ -225,11 +226,6 @@ class Trial:
         method = f"{self.spec.method.name}({values})" if values else self.spec.method.name
         return f"{method} seed={self.spec.seed}"
 
-
-def point_label(point: dict[str, Any]) -> str:
-    """``mu=0.01, lr=0.05``: each field by its last name, sampled floats to 4 digits."""
-    return ", ".join(f"{k.rsplit('.', 1)[-1]}={format(v, '.4g') if isinstance(v, float) else v}"
-                     for k, v in point.items())
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Shared fixtures: one Ray start per test session, small specs built in code."""
+"""Shared fixtures: one Ray start per test session (per xdist worker), small specs built in code;
+the order tests start in, and the no-Ray-state-left check after the last one."""
 
 from __future__ import annotations
 
@@ -13,6 +14,27 @@ import pytest  # noqa: E402
 pytest.register_assert_rewrite("raylf.testing")
 
 from raylf.config import set_path, validate  # noqa: E402
+
+
+def pytest_collection_modifyitems(items):
+    """End-to-end tests (``slow``) first, the rest after in their order: the two xdist workers
+    (pyproject's ``-n 2``) take the long ones while both are free, and the many short tests
+    fill the gaps, instead of one long test starting last and running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_sessionfinish(session):
+    """After every test, in the process that ran the session (not in an xdist worker): fail the
+    run when it left Ray state behind (tests/hygiene.py)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from tests.hygiene import problems
+
+    found = problems()
+    if found:
+        session.config.get_terminal_writer().line(
+            "\nRay state left behind by the suite:\n" + "\n".join(found), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

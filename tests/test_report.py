@@ -529,3 +529,18 @@ def test_compacted_tables_read_unchanged_by_pandas_polars_and_duckdb(tiny_sweep,
     assert mean == pytest.approx(loaded["trials"]["acc_mean"].mean())
     assert pl.read_parquet(written["trials"])["acc_mean"].mean() == pytest.approx(mean)
     assert results.main(["compact", str(tmp_path / "missing")]) == 2
+
+
+def test_the_report_and_the_leaderboard_stand_on_results_alone():
+    """Reading tables needs neither the methods nor torch, Ray or the sweep layer: a fresh
+    interpreter importing ``raylf.report`` and ``raylf.leaderboard`` loads none of them."""
+    import subprocess
+    import sys
+
+    code = ("import sys, raylf.report, raylf.report.__main__, raylf.leaderboard; "
+            "print(' '.join(sorted(sys.modules)))")
+    loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                check=True).stdout.split())
+    for name in ("raylf.methods", "raylf.experiment", "raylf.sweepspec", "raylf.runtime",
+                 "raylf.training", "torch", "ray"):
+        assert name not in loaded, f"reading results imports {name}"

@@ -41,7 +41,8 @@ def _write(root, method: str, seed: int, accuracy: list[float], setting: dict,
              "model": setting["model.name"], "seed": seed, "status": "ok", "data_origin": origin,
              "acc_mean": statistics.mean(accuracy), "acc_worst": ordered[0],
              "acc_bottom20": statistics.mean(bottom), "acc_gap": ordered[-1] - ordered[0],
-             "method.name": method, **setting, **(extra or {})}
+             "method.name": method, "round_unit": METHODS.get(method).round_unit, **setting,
+             **(extra or {})}
     rows = [{"trial_id": trial_id, "round": setting["federation.rounds"], "client_id": c,
              "n_train": 160, "split": "test", "deployable": "main", "task": "main",
              "accuracy": a} for c, a in zip(clients, accuracy)]

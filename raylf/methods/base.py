@@ -188,6 +188,11 @@ class ClientUpdate:
 class Method:
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
+    round_unit: ClassVar[Literal["round", "step"]] = "round"
+    """What ``federation.rounds`` counts: federated rounds, or single optimizer steps (the
+    per-step methods of ``raylf.methods.perstep``). Written to the trials table
+    (``round_unit``), so a reader of results alone (``raylf.report``) converts steps to epochs
+    without importing the methods."""
     personal_state: ClassVar[bool] = False
     """True when clients keep resident state (a private head, a personal model) across rounds.
     It lives in the hosting worker's CPU memory and visits the device only while its client

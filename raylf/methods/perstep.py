@@ -64,6 +64,7 @@ class PeerStepMethod(Method):
 
     personal_state = True
     evaluation = "own"  # learners only
+    round_unit = "step"
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

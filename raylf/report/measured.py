@@ -28,8 +28,6 @@ import pandas as pd
 
 from raylf import guards, stats
 from raylf.labels import setting_labels
-from raylf.methods import METHODS
-from raylf.methods.perstep import PeerStepMethod
 from raylf.report.data import Sweep, headline
 from raylf.report.tables import per_client_round_bytes
 
@@ -37,9 +35,11 @@ TAIL = ("acc_worst", "acc_bottom20", "acc_gap")
 TARGETS = "method.params.targets"
 
 
-def per_step(method: str) -> bool:
-    """Whether ``method`` counts rounds in steps (a plugin method unknown here does not)."""
-    return method in METHODS and issubclass(METHODS.get(method), PeerStepMethod)
+def per_step(trials: pd.DataFrame) -> pd.Series:
+    """Which trials count ``federation.rounds`` in optimizer steps (the trials table's
+    ``round_unit``, written from ``Method.round_unit``; tables without it count rounds)."""
+    unit = trials["round_unit"] if "round_unit" in trials else pd.Series("round", trials.index)
+    return unit == "step"
 
 
 def _whole(value: float):
@@ -59,7 +59,7 @@ class Measured:
     def trials(self) -> pd.DataFrame:
         trials = self.sweep.trials.copy()
         epochs = self._epochs(trials)
-        steps = trials["method"].map(per_step) & epochs.notna()
+        steps = per_step(trials) & epochs.notna()
         relabelled = trials.copy()
         if steps.any():
             per_epoch = trials["federation.rounds"] / epochs
@@ -84,7 +84,7 @@ class Measured:
         local = trials.get("federation.local_epochs", pd.Series(1.0, index=trials.index))
         epochs = rounds * local.astype(float).fillna(1.0)
         clients = self.sweep.clients
-        steps = trials["method"].map(per_step)
+        steps = per_step(trials)
         if steps.any():
             n_train = (clients.groupby("trial_id")["n_train"].median() if "n_train" in clients
                        else pd.Series(dtype=float))

@@ -87,7 +87,7 @@ def _reasons(trials: pd.DataFrame, setting: Setting) -> list[str]:
     """Why a sweep setting's numbers cannot be set against the paper's: stand-in data, any
     field the paper fixes with another value, fewer epochs."""
     reasons = ["stand-in data"] if trials["standin"].any() else []
-    round_based = trials[~trials["method"].map(per_step)]  # a per-step round is one step
+    round_based = trials[~per_step(trials)]  # a per-step round is one step
     for field, expected in setting.fields.items():
         found = _values(round_based if field == "federation.rounds" else trials, field)
         if not found or not all(_same(v, expected) for v in found):

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from raylf.guards import NOISE
-from raylf.leaderboard import STATUSES
 from raylf.report.data import Sweep, headline
+from raylf.results import STATUSES
 from raylf.stats import ALPHA, PAPER_METHODS, RESAMPLES, average_ranks, rank_test, shared_block
 
 DAGGER = "†"

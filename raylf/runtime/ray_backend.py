@@ -46,9 +46,11 @@ def bundles(resources: ResourceSpec, workers: int) -> list[dict[str, float]]:
     return [{"CPU": resources.coordinator_cpus}] + [dict(worker) for _ in range(workers)]
 
 
-def check_fits(resources: ResourceSpec, workers: int) -> None:
-    """Fail with the offending field when the cluster can never host these bundles."""
-    total = ray.cluster_resources()
+def check_fits(resources: ResourceSpec, workers: int,
+               total: dict[str, float] | None = None) -> None:
+    """Fail with the offending field when the cluster (``total``: by default the connected
+    one's resources) can never host these bundles."""
+    total = ray.cluster_resources() if total is None else total
     need_cpu = resources.coordinator_cpus + workers * resources.cpus_per_worker
     need_gpu = workers * resources.gpus_per_worker
     problems = []

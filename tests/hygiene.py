@@ -1,4 +1,7 @@
-"""Runs last (pytest takes test files in name order): the suite has left no Ray state behind.
+"""The suite leaves no Ray state behind: checked once every test has ended, by the process that
+ran the session (the xdist controller, or pytest itself with ``-n 0``), from ``conftest.py``'s
+``pytest_sessionfinish``: under xdist no test can be sure it runs last, and a check made while
+another worker still drives a sweep would see that sweep's daemons.
 
 A ``ray_current_cluster`` file naming a head that is gone makes the next plain ``ray.init()`` on
 this machine (any user script) try to join it; an orphaned GCS or raylet (its driver killed
@@ -16,19 +19,22 @@ from ray._common.utils import get_ray_address_file
 RAY_DAEMONS = ("gcs_server", "raylet")
 
 
-def test_no_address_file_names_a_dead_head():
+def dead_head_address_file() -> list[str]:
+    """The address file when it names a head that no longer answers."""
     path = Path(get_ray_address_file(None))
     if not path.exists():
-        return
+        return []
     host, _, port = path.read_text().strip().rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as err:
-        raise AssertionError(f"{path} names {host}:{port}, where no Ray head answers ({err}); "
-                             "a test started a head without its own --temp-dir") from None
+        return [f"{path} names {host}:{port}, where no Ray head answers ({err}); a test started "
+                "a head without its own --temp-dir"]
+    return []
 
 
-def test_no_orphaned_ray_daemons_started_during_the_session():
+def orphaned_daemons() -> list[str]:
+    """Ray daemons started since this process began whose parent is gone (reparented to init)."""
     session_start = psutil.Process().create_time()
     orphans = []
     for proc in psutil.process_iter(["name", "ppid", "create_time", "cmdline"]):
@@ -36,4 +42,8 @@ def test_no_orphaned_ray_daemons_started_during_the_session():
         if info["name"] in RAY_DAEMONS and info["ppid"] in (0, 1) \
                 and info["create_time"] >= session_start:
             orphans.append(f"{proc.pid} {' '.join(info['cmdline'] or [])[:120]}")
-    assert not orphans, "Ray daemons left running by the suite:\n" + "\n".join(orphans)
+    return [f"Ray daemon left running by the suite: {line}" for line in orphans]
+
+
+def problems() -> list[str]:
+    return dead_head_address_file() + orphaned_daemons()
