@@ -18,8 +18,9 @@ from raylf.config import set_path, validate  # noqa: E402
 
 def pytest_collection_modifyitems(items):
     """End-to-end tests (``slow``) first, the rest after in their order: the two xdist workers
-    (pyproject's ``-n 2``) take the long ones while both are free, and the many short tests
-    fill the gaps, instead of one long test starting last and running alone."""
+    (pyproject's ``-n 2 --maxschedchunk 1``: one test at a time to whichever is free) share the
+    long ones while both are free, and the many short tests fill the gaps, instead of one long
+    test starting last and running alone."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
