@@ -4,8 +4,8 @@ Most PFL sweeps are hundreds of trials of seconds each; there the sweep's own co
 start, placement groups, actor start, table writes, Tune's per-trial bookkeeping) can exceed the
 training. This measures by how much, on one workload:
 
-- the sweep: 48 trials of a 10-round MLP on digits, FedProx's μ (4) × lr (3) over 4 seeds, at
-  the default resources (``python -m raylf.sweep`` with ``--num-cpus CORES``);
+- the sweep: 48 trials of a 10-round MLP on digits, FedProx's μ (4) × lr (3) over 4 seeds, one
+  worker of half a CPU each (``python -m raylf.sweep`` with ``--num-cpus CORES``);
 - its compute bound: each of the same 48 trials run in this process (``run_experiment``,
   ``--backend local``), timed; their sum divided by ``CORES``.
 
@@ -45,6 +45,9 @@ SWEEP = {
         "federation": {"num_clients": 10, "participation": 0.5, "rounds": 10, "batch_size": 32,
                        "optimizer": {"lr": 0.05}},
         "eval_every": 5,
+        # one worker of half a CPU: with the trial function and the coordinator's quarters,
+        # one CPU a trial, so two run at once on two cores
+        "resources": {"workers": 1, "cpus_per_worker": 0.5},
     },
     "methods": [{"name": "fedprox", "grid": {"method.params.mu": [0.0, 0.001, 0.01, 0.1],
                                              "federation.optimizer.lr": [0.02, 0.05, 0.1]}}],
