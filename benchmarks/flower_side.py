@@ -37,14 +37,12 @@ clients), plus a few extra diagnostic fields.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
 import sys
 import time
 import warnings
-import zlib
 from typing import Any
 
 # Quiet, offline-friendly defaults; set before Flower or Ray are imported. Ray >= 2.59 turns
@@ -72,6 +70,7 @@ from flwr.app import (  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
+from peer_workload import derive_seed, load_workload  # noqa: E402
 from torch import nn  # noqa: E402
 
 PARTITION_ID = "partition-id"
@@ -81,56 +80,17 @@ NUM_EXAMPLES = "num-examples"
 # --------------------------------------------------------------------------- workload / model
 
 
-def derive_seed(seed: int, purpose: str, *indices: int) -> int:
-    """A 63-bit torch seed from (seed, purpose, *indices); same scheme as raylf's streams.
-
-    The entropy key is [seed, crc32(purpose), *indices]; two 32-bit words of a NumPy
-    SeedSequence state are combined as (w0 << 31) ^ w1.
-    """
-    key = [int(seed), zlib.crc32(purpose.encode()), *(int(i) for i in indices)]
-    w0, w1 = (int(w) for w in np.random.SeedSequence(key).generate_state(2, np.uint32))
-    return (w0 << 31) ^ w1
+def features(wl: dict[str, Any]) -> torch.Tensor:
+    """The samples as the MLP reads them: one flat row each (a view, no copy)."""
+    return wl["x"].flatten(1)
 
 
-@functools.lru_cache(maxsize=2)
-def load_workload(path: str) -> dict[str, Any]:
-    """Read the npz once per process (the driver and each Ray actor cache it)."""
-    with np.load(path, allow_pickle=False) as z:
-        cfg = json.loads(str(z["config"][()]))
-        num_clients = sum(1 for name in z.files if name.startswith("train_idx_"))
-        wl = {
-            "config": cfg,
-            "x": torch.from_numpy(np.ascontiguousarray(z["x"], dtype=np.float32)),
-            "y": torch.from_numpy(np.ascontiguousarray(z["y"], dtype=np.int64)),
-            "train_idx": [torch.from_numpy(z[f"train_idx_{k}"].astype(np.int64))
-                          for k in range(num_clients)],
-            "test_idx": [torch.from_numpy(z[f"test_idx_{k}"].astype(np.int64))
-                         for k in range(num_clients)],
-            "participants": z["participants"].astype(np.int64),
-            "init": np.ascontiguousarray(z["init"], dtype=np.float32),
-        }
-    _validate(wl)
-    return wl
-
-
-def _validate(wl: dict[str, Any]) -> None:
-    cfg, parts = wl["config"], wl["participants"]
-    num_clients = len(wl["train_idx"])
-    if num_clients == 0 or len(wl["test_idx"]) != num_clients:
-        raise ValueError("workload needs train_idx_<k> and test_idx_<k> for k = 0..K-1")
-    if parts.ndim != 2 or parts.shape[0] != int(cfg["rounds"]):
-        raise ValueError(f"participants has shape {parts.shape}, "
-                         f"expected (rounds={cfg['rounds']}, M)")
-    if parts.size and (parts.min() < 0 or parts.max() >= num_clients):
-        raise ValueError("participants holds a client id outside 0..K-1")
-    for r, row in enumerate(parts):
-        if len(set(row.tolist())) != len(row):
-            raise ValueError(f"participants[{r}] repeats a client")
-    if int(cfg["batch_size"]) < 1 or int(cfg["local_epochs"]) < 0:
-        raise ValueError("batch_size must be >= 1 and local_epochs >= 0")
+def check_model(wl: dict[str, Any]) -> None:
+    """The initial weights fit the MLP the config describes."""
+    cfg = wl["config"]
     if float(cfg["cpus_per_client"]) <= 0:
         raise ValueError("cpus_per_client must be > 0")
-    expected = sum(p.numel() for p in build_mlp(wl["x"].shape[1], cfg).parameters())
+    expected = sum(p.numel() for p in build_mlp(features(wl).shape[1], cfg).parameters())
     if wl["init"].size != expected:
         raise ValueError(f"init has {wl['init'].size} values, the MLP has {expected}")
 
@@ -146,7 +106,7 @@ def build_mlp(num_features: int, cfg: dict[str, Any]) -> nn.Sequential:
 
 
 def initial_model(wl: dict[str, Any]) -> nn.Sequential:
-    model = build_mlp(wl["x"].shape[1], wl["config"])
+    model = build_mlp(features(wl).shape[1], wl["config"])
     nn.utils.vector_to_parameters(torch.from_numpy(wl["init"].copy()), model.parameters())
     return model
 
@@ -201,10 +161,10 @@ def train(msg: Message, context: Context) -> Message:
     rnd = int(cfg_rec["server-round"])
     idx = wl["train_idx"][client]
 
-    model = build_mlp(wl["x"].shape[1], cfg)
+    model = build_mlp(features(wl).shape[1], cfg)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     gen = torch.Generator().manual_seed(derive_seed(int(cfg["seed"]), "client", rnd, client))
-    train_local(model, wl["x"][idx], wl["y"][idx], cfg, gen)
+    train_local(model, features(wl)[idx], wl["y"][idx], cfg, gen)
 
     reply = RecordDict({
         "arrays": ArrayRecord(model.state_dict()),
@@ -308,6 +268,7 @@ def run(workload: str, num_cpus: float | None, timeout: float, verbose: bool) ->
 
     workload = os.path.abspath(workload)
     wl = load_workload(workload)
+    check_model(wl)
     cfg = wl["config"]
     num_clients = len(wl["train_idx"])
 
@@ -338,9 +299,9 @@ def run(workload: str, num_cpus: float | None, timeout: float, verbose: bool) ->
     if "final_state" not in outcome:
         raise RuntimeError("the Flower simulation ended without a final model")
 
-    model = build_mlp(wl["x"].shape[1], cfg)
+    model = build_mlp(features(wl).shape[1], cfg)
     model.load_state_dict(outcome["final_state"])
-    accs = [accuracy(model, wl["x"][idx], wl["y"][idx]) for idx in wl["test_idx"]]
+    accs = [accuracy(model, features(wl)[idx], wl["y"][idx]) for idx in wl["test_idx"]]
     valid = [a for a in accs if a is not None]
     return {
         "flwr_version": flwr.__version__,

@@ -50,7 +50,6 @@ import subprocess
 import sys
 import time
 import warnings
-import zlib
 from importlib.metadata import version
 from typing import Any
 
@@ -62,43 +61,10 @@ warnings.filterwarnings("ignore", message=r".*reduce_op. is deprecated", categor
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from peer_workload import derive_seed, load_workload  # noqa: E402
 from torch import nn  # noqa: E402
 
 # --------------------------------------------------------------------------- workload / model
-
-
-def derive_seed(seed: int, purpose: str, *indices: int) -> int:
-    """A 63-bit torch seed from (seed, purpose, *indices); the scheme of raylf's streams
-    (the same function as in flower_side.py, which cannot be imported from this venv)."""
-    key = [int(seed), zlib.crc32(purpose.encode()), *(int(i) for i in indices)]
-    w0, w1 = (int(w) for w in np.random.SeedSequence(key).generate_state(2, np.uint32))
-    return (w0 << 31) ^ w1
-
-
-@functools.lru_cache(maxsize=1)
-def load_workload(path: str) -> dict[str, Any]:
-    with np.load(path, allow_pickle=False) as z:
-        cfg = json.loads(str(z["config"][()]))
-        num_clients = sum(1 for name in z.files if name.startswith("train_idx_"))
-        shape = tuple(int(s) for s in cfg.get("input_shape", [z["x"].shape[1]]))
-        x = np.ascontiguousarray(z["x"], dtype=np.float32).reshape(-1, *shape)
-        wl = {
-            "config": cfg, "input_shape": shape,
-            "x": torch.from_numpy(x),
-            "y": torch.from_numpy(np.ascontiguousarray(z["y"], dtype=np.int64)),
-            "train_idx": [torch.from_numpy(z[f"train_idx_{k}"].astype(np.int64))
-                          for k in range(num_clients)],
-            "test_idx": [torch.from_numpy(z[f"test_idx_{k}"].astype(np.int64))
-                         for k in range(num_clients)],
-            "participants": z["participants"].astype(np.int64),
-            "init": np.ascontiguousarray(z["init"], dtype=np.float32),
-        }
-    parts = wl["participants"]
-    if parts.ndim != 2 or parts.shape[0] != int(cfg["rounds"]):
-        raise ValueError(f"participants has shape {parts.shape}, expected ({cfg['rounds']}, M)")
-    if parts.size and (parts.min() < 0 or parts.max() >= num_clients):
-        raise ValueError("participants holds a client id outside 0..K-1")
-    return wl
 
 
 class Net(nn.Module):
