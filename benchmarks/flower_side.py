@@ -1,6 +1,6 @@
 """Flower side of the raylf benchmark: the same FedAvg workload on Flower's simulation engine.
 
-Runs inside the isolated Flower venv (see ``setup_flower_venv.sh``); it must not import raylf.
+Runs inside the isolated Flower venv (see ``setup_peer_venv.sh flower``); it must not import raylf.
 
     python benchmarks/flower_side.py --workload W.npz --out R.json
 

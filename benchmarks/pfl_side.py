@@ -1,6 +1,6 @@
 """pfl-research side of the raylf benchmark: the same FedAvg workload on Apple's ``pfl`` simulator.
 
-Runs inside the isolated pfl venv (see ``setup_pfl_venv.sh``); it must not import raylf.
+Runs inside the isolated pfl venv (see ``setup_peer_venv.sh pfl``); it must not import raylf.
 
     python benchmarks/pfl_side.py --workload W.npz --out R.json [--processes 2]
 

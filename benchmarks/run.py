@@ -65,7 +65,7 @@ class Peer:
     section: str   # the --sections name and the rows' section
     venv: str      # benchmarks/<venv>, git-ignored
     script: str    # benchmarks/<script>: --workload W.npz --out R.json [args]
-    setup: str     # benchmarks/<setup>: builds the venv
+    setup: str     # benchmarks/<setup>: the command that builds the venv
     version: str   # the field of the script's JSON holding the framework's version
 
     @property
@@ -73,8 +73,9 @@ class Peer:
         return ROOT / "benchmarks" / self.venv / "bin" / "python"
 
 
-FLOWER = Peer("flower", ".flower-venv", "flower_side.py", "setup_flower_venv.sh", "flwr_version")
-PFL = Peer("pfl", ".pfl-venv", "pfl_side.py", "setup_pfl_venv.sh", "pfl_version")
+FLOWER = Peer("flower", ".flower-venv", "flower_side.py", "setup_peer_venv.sh flower",
+              "flwr_version")
+PFL = Peer("pfl", ".pfl-venv", "pfl_side.py", "setup_peer_venv.sh pfl", "pfl_version")
 COLUMNS = [
     "section", "workload", "variant", "clients", "participants", "rounds", "workers", "repeats",
     "round_s", "round_s_mean", "ratio_to_floor", "coord_round_s", "wall_s", "acc_mean",
