@@ -28,14 +28,16 @@ top_k × seeds replicates) with the mean time of its probe configurations.
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import statistics
 from dataclasses import dataclass
 
 from raylf import results
 from raylf.config import ExperimentSpec, validate
+from raylf.errors import SpecError
 from raylf.experiment import default_trial_id
-from raylf.smoke import configuration, distinct
+from raylf.smoke import configuration, distinct, standin_inputs
 from raylf.sweepspec import SearchPlan, Trial
 
 ESTIMATE_ROUNDS = 3  # the least timed: round 1 also warms up
@@ -44,8 +46,9 @@ ESTIMATE_ROUNDS = 3  # the least timed: round 1 also warms up
 @dataclass(frozen=True)
 class EstimatePlan:
     trials: list[Trial]  # the timing trials, one per configuration
-    timed: dict[str, str]  # configuration → its timing trial's id
+    timed: dict[str, str]  # configuration → the id of the timing trial that costs it
     notes: list[str]
+    borrowed: frozenset[str] = frozenset()  # configurations costed as another's timing trial
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Cost:
     trial_s: float  # one trial of this configuration, sweep runtime included
     gpus: float
     cpus: float
+    timed: bool = True  # False: costed as another configuration's timing trial
 
 
 @dataclass(frozen=True)
@@ -70,21 +74,81 @@ def timed_rounds(spec: ExperimentSpec, rounds: int) -> int:
     return min(spec.federation.rounds, max(rounds, math.ceil(spec.federation.rounds / 10)))
 
 
-def timing_spec(spec: ExperimentSpec, rounds: int) -> ExperimentSpec:
-    """The configuration's timing trial: its first :func:`timed_rounds` rounds."""
+def timing_spec(spec: ExperimentSpec, rounds: int, dataset_root: str | None = None,
+                weights: str | None = None) -> ExperimentSpec:
+    """The configuration's timing trial: its first :func:`timed_rounds` rounds (reading
+    ``dataset_root`` / ``weights`` instead of data and weights that are not here)."""
     raw = spec.to_dict()
     raw["federation"]["rounds"] = timed_rounds(spec, rounds)
+    if dataset_root is not None:
+        raw["dataset"]["root"] = dataset_root
+    if weights is not None:
+        raw["model"]["weights"] = weights
     return validate(raw)
 
 
-def plan(trials: list[Trial], rounds: int = ESTIMATE_ROUNDS) -> EstimatePlan:
-    """One timing trial per distinct configuration of ``trials``."""
-    timing, timed = [], {}
-    for trial in distinct(trials):
-        spec = timing_spec(trial.spec, rounds)
-        timing.append(Trial(default_trial_id(spec), spec, trial.point))
-        timed[configuration(trial.spec)] = timing[-1].trial_id
-    return EstimatePlan(timing, timed, [])
+def _without(spec: ExperimentSpec, *fields: str) -> str:
+    """``spec`` but its seed and ``fields`` (a scenario keeps its validation share, which
+    changes how much each client trains on)."""
+    raw = {k: v for k, v in spec.to_dict().items() if k != "seed"}
+    for field in fields:
+        raw[field] = {"val_fraction": raw[field].get("val_fraction")} if field == "scenario" \
+            else None
+    return json.dumps(raw, sort_keys=True)
+
+
+# what timing trials may be shared by, finest first: configurations that differ only in their
+# scenario split the same data over the same clients with the same method, model, rounds and
+# resources (they differ in how evenly the work falls on the workers); dropping the dataset too
+# assumes datasets of like size and shape (CIFAR-10 and CIFAR-100: 50,000 3×32×32 images each)
+SHARED_BY = (("configuration", lambda spec: _without(spec)),
+             ("scenario", lambda spec: _without(spec, "scenario")),
+             ("scenario and dataset", lambda spec: _without(spec, "scenario", "dataset")))
+
+
+def plan(trials: list[Trial], rounds: int = ESTIMATE_ROUNDS, budget: int | None = None,
+         standins: bool = True) -> EstimatePlan:
+    """One timing trial per distinct configuration of ``trials``; with a ``budget`` of timing
+    trials, one per class of the finest :data:`SHARED_BY` key with at most ``budget`` classes,
+    costing every configuration of a class as its first. A dataset that is not fetched is read
+    from its stand-in at the real size, ImageNet weights that are not in torch's hub cache
+    from stand-in weights: a round's compute depends on how many samples of which shape and
+    on the tensors' shapes, not on their content (``standins=False``, for a plan that runs
+    nothing: none are written, the data still to fetch are listed)."""
+    configs = distinct(trials)
+    level = 0
+    if budget is not None:
+        counts = [len({key(t.spec) for t in configs}) for _, key in SHARED_BY]
+        fits = [i for i, count in enumerate(counts) if count <= budget]
+        if not fits:
+            raise SpecError([("--estimate-budget", (
+                f"{budget} timing trial(s) cannot cover the {counts[-1]} configurations that "
+                "differ in more than their scenario and dataset (method, model, federation, "
+                f"resources); give at least {counts[-1]}"))])
+        level = fits[0]
+    what, key = SHARED_BY[level]
+    inputs: dict[str, str] = {}
+    timing, by_key, timed, borrowed = [], {}, {}, set()
+    for trial in configs:
+        spec = trial.spec
+        if key(spec) in by_key:
+            borrowed.add(configuration(spec))
+        else:
+            timing_trial = timing_spec(spec, rounds, *(
+                standin_inputs(spec, "full", inputs) if standins else ()))
+            timing.append(Trial(default_trial_id(timing_trial), timing_trial, trial.point))
+            by_key[key(spec)] = timing[-1].trial_id
+        timed[configuration(spec)] = by_key[key(spec)]
+    notes = list(inputs.values())
+    if inputs:
+        notes.append("stand-ins hold as many samples of the same shapes as the real data, so "
+                     "they cost the same compute; data-dependent work (a clustering that "
+                     "converges sooner or later) may differ")
+    if borrowed:
+        notes.append(f"{len(borrowed)} of {len(timed)} configurations are not timed "
+                     f"(--estimate-budget {budget}): each is costed as the timed configuration "
+                     f"that differs from it only in its {what} (marked ~ below)")
+    return EstimatePlan(timing, timed, notes, frozenset(borrowed))
 
 
 def held(spec: ExperimentSpec, kind: str) -> float:
@@ -145,7 +209,8 @@ def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[Se
         spec = group[0].spec
         fixed, per_round, total = cost(spec)
         out.append(Cost(f"{spec.name} · {group[0].label.rsplit(' seed=', 1)[0]}", len(group),
-                        fixed, per_round, total, held(spec, "GPU"), held(spec, "CPU")))
+                        fixed, per_round, total, held(spec, "GPU"), held(spec, "CPU"),
+                        configuration(spec) not in estimate.borrowed))
     for search in plans:  # stage 1 at its budget, stage 2 at top_k × seeds, at the probes' mean
         mine = [p for p in probes if p.spec.method.name == search.entry.name]
         each = statistics.fmean(cost(p.spec)[2] for p in mine)
@@ -174,8 +239,9 @@ def render(estimate: Estimate, where: str, concurrency: list[tuple[str, int]]) -
              f"  {'configuration':<58} {'trials':>6} {'fixed s':>8} {'s/round':>8} "
              f"{'per trial':>10}"]
     for c in costs_:
-        lines.append(f"  {c.label[:58]:<58} {c.trials:>6} {c.fixed_s:>8.2f} {c.round_s:>8.3f} "
-                     f"{_duration(c.trial_s):>10}")
+        mark = " " if c.timed else "~"
+        lines.append(f" {mark}{c.label[:58]:<58} {c.trials:>6} {c.fixed_s:>8.2f} "
+                     f"{c.round_s:>8.3f} {_duration(c.trial_s):>10}")
     count = sum(c.trials for c in costs_)
     gpu_h = sum(c.trial_s * c.gpus * c.trials for c in costs_) / 3600
     cpu_h = sum(c.trial_s * c.cpus * c.trials for c in costs_) / 3600

@@ -146,28 +146,36 @@ def standin_weights(model: str, folder: Path) -> str:
     return str(path)
 
 
+def standin_inputs(spec: ExperimentSpec, size: str, notes: dict[str, str]
+                   ) -> tuple[str | None, str | None]:
+    """Where ``spec`` reads data and pretrained weights from when they are not here: the
+    stand-in root of its dataset at ``size`` (None when the dataset is fetched or generated) and
+    stand-in weights (None when the real ones are in torch's hub cache or none are named), each
+    written once, on first use; ``notes`` gets the console line saying so."""
+    from raylf.data import standin
+
+    root = standin.root_for(spec.dataset.name, spec.dataset.params, size=size)
+    if root is not None:
+        notes[spec.dataset.name] = (f"{spec.dataset.name} is not fetched: its stand-in at "
+                                    f"{root} (random content, the real file format)")
+    weights = None
+    if getattr(spec.model.params, "weights", None) == "imagenet" and \
+            spec.model.name in PRETRAINED and not hub_file(spec.model.name).is_file():
+        weights = standin_weights(spec.model.name, standin.standin_root() / "weights")
+        notes[spec.model.name] = (f"{spec.model.name} ImageNet weights are not in torch's "
+                                  f"hub cache ({hub_file(spec.model.name)}): stand-in "
+                                  f"weights {weights} (random tensors, the real layout)")
+    return root, weights
+
+
 def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -> SmokePlan:
     """One shrunk trial per distinct configuration; datasets absent from the cache replaced by
     their stand-ins, ImageNet weights absent from torch's hub cache by stand-in weights (each
     written once, on first use). ``paths``: one trial per :func:`code_path` instead."""
-    from raylf.data import standin
-
     notes: dict[str, str] = {}
     out = []
     for trial in distinct(trials, code_path if paths else configuration):
-        spec = trial.spec
-        root = standin.root_for(spec.dataset.name, spec.dataset.params, size="smoke")
-        if root is not None:
-            notes[spec.dataset.name] = (f"{spec.dataset.name} is not fetched: its stand-in at "
-                                        f"{root} (random content, the real file format)")
-        weights = None
-        if getattr(spec.model.params, "weights", None) == "imagenet" and \
-                spec.model.name in PRETRAINED and not hub_file(spec.model.name).is_file():
-            weights = standin_weights(spec.model.name, standin.standin_root() / "weights")
-            notes[spec.model.name] = (f"{spec.model.name} ImageNet weights are not in torch's "
-                                      f"hub cache ({hub_file(spec.model.name)}): stand-in "
-                                      f"weights {weights} (random tensors, the real layout)")
-        small = shrink(spec, rounds, root, weights)
+        small = shrink(trial.spec, rounds, *standin_inputs(trial.spec, "smoke", notes))
         out.append(Trial(default_trial_id(small), small, trial.point))
     # trials of one bundle shape back to back: Tune reuses a trial's actors only for the next
     # trial of the same bundles, and starting an actor costs a torch import

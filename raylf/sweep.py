@@ -473,6 +473,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "device-hours and wall time; runs into <name>-estimate")
     parser.add_argument("--estimate-rounds", type=int, default=ESTIMATE_ROUNDS, metavar="N",
                         help=f"rounds timed per configuration (default {ESTIMATE_ROUNDS})")
+    parser.add_argument("--estimate-budget", type=int, metavar="N",
+                        help="time at most N configurations: those differing only in their "
+                             "scenario (then also dataset) share one timing trial (default: "
+                             "time every distinct configuration)")
     parser.add_argument("--cluster", metavar="RECIPE",
                         help="also plan against a cluster recipe's largest size (cluster/*.yaml: "
                              "a Ray cluster launcher file or a KubeRay RayCluster)")
@@ -533,6 +537,9 @@ def load_specs(args: argparse.Namespace, overrides: list[str]) -> Loaded:
     every spec given, shrunk (raylf.smoke) or cut to a few timed rounds (raylf.estimate)."""
     if args.smoke and args.estimate:
         raise SpecError([("--estimate", "give --smoke or --estimate, not both")])
+    if args.estimate_budget is not None and not args.estimate:
+        raise SpecError([("--estimate-budget", "it sets how many trials --estimate times: "
+                                               "give --estimate with it")])
     if len(args.spec) > 1 and not (args.smoke or args.dry_run):
         raise SpecError([("spec", f"{len(args.spec)} spec files given; several are planned or "
                                   "smoke-run together (--dry-run, --smoke), one is run")])
@@ -556,7 +563,10 @@ def load_specs(args: argparse.Namespace, overrides: list[str]) -> Loaded:
 
         if args.estimate_rounds < 1:
             raise SpecError([("--estimate-rounds", "give at least 1 round")])
-        mode = estimate.plan(everything, args.estimate_rounds)
+        if args.estimate_budget is not None and args.estimate_budget < 1:
+            raise SpecError([("--estimate-budget", "give at least 1 timing trial")])
+        mode = estimate.plan(everything, args.estimate_rounds, args.estimate_budget,
+                             standins=not args.dry_run)
         name = args.name or f"{loaded[0][0].name}-estimate"
     elif len(loaded) == 1:
         return Loaded(*loaded[0])
@@ -617,8 +627,8 @@ def data_notices(check: DataCheck, loaded: Loaded) -> list[str]:
                      "resources shrunk to one machine; these tables test that the specs run and "
                      "say nothing about accuracy")
     elif kind == "EstimatePlan":
-        lines.append(f"estimate: timing {len(loaded.trials)} distinct configuration(s), one "
-                     "at a time, for at most "
+        lines.append(f"estimate: timing {len(loaded.trials)} configuration(s) as many at once "
+                     "as the sweep would run them, for at most "
                      f"{max(t.spec.federation.rounds for t in loaded.trials)} round(s) each")
     if loaded.mode is not None:
         lines += [f"{kind.removesuffix('Plan').lower()}: {line}" for line in loaded.mode.notes]

@@ -89,6 +89,16 @@ SIZES = {
     "smoke": Size({"mnist": (12, 3), "fashion_mnist": (12, 3), "cifar10": (12, 3),
                    "cifar100": (2, 1), "pneumonia": (10,), "breast_ultrasound": (10,)},
                   plays=6, speeches=(2, 3)),
+    # the real datasets' sample counts, for timing (``raylf.sweep --estimate`` on a machine
+    # without the data): a round's compute depends on how many samples of which shape, not on
+    # what they show. Balanced labels (real MNIST's classes differ by up to ±13 %, totals are
+    # the same); MedIMeta: 5,856 pneumonia and 780 breast ultrasound images; Shakespeare: the 37
+    # plays of Gutenberg's #100 with about 4.1 M characters of speech (LEAF counts 4.2 M), in
+    # 518 roles of equal length where the real text has about 1,100 of very unequal length
+    "full": Size({"mnist": (6000, 1000), "fashion_mnist": (6000, 1000),
+                  "cifar10": (5000, 1000), "cifar100": (500, 100), "pneumonia": (1952,),
+                  "breast_ultrasound": (260,)},
+                 plays=36, speeches=(30, 80)),
 }
 ROLES = 14  # roles per play
 _NOISE = 48.0  # std of the per-image noise around the class prototype, in 0-255 pixel units
