@@ -287,14 +287,18 @@ def row(section: str, workload: str, variant: str, spec_base: dict, **fields) ->
     return r
 
 
-def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
+def overhead_section(quick: bool, log, workloads: tuple[str, ...] = ("tiny", "w1", "heavy")
+                     ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     reps = 1 if quick else 3
-    tiny, heavy = dict(W.TINY), dict(W.HEAVY)
+    bases = {"tiny": dict(W.TINY), "w1": dict(W.W1), "heavy": dict(W.HEAVY)}
     if quick:
-        tiny = W.with_fields(tiny, federation__rounds=4, eval_every=2)
-        heavy = W.with_fields(heavy, dataset__n_samples=600, federation__rounds=2, eval_every=2)
-    for name, base, n_rep in (("tiny", tiny, reps), ("heavy", heavy, 1 if quick else 3)):
+        for name in ("tiny", "w1"):
+            bases[name] = W.with_fields(bases[name], federation__rounds=4, eval_every=2)
+        bases["heavy"] = W.with_fields(bases["heavy"], dataset__n_samples=600,
+                                       federation__rounds=2, eval_every=2)
+    for name, base in ((name, bases[name]) for name in workloads):
+        n_rep = reps
         # resources.cohort: auto (the default: lockstep cohorts where they pay, see
         # raylf.cohort), off (one client after another, the pre-cohort trainer), and on the
         # heavy CNN cohorts forced, which auto declines on a CPU
@@ -390,6 +394,8 @@ def overhead_section(quick: bool, log) -> list[dict[str, Any]]:
         probes = [("local", "local", 1), ("ray-1w", "ray", 1), ("ray-2w", "ray", 2)]
         if quick:
             probes = [("local", "local", 1)] if name == "tiny" else []
+        elif name == "w1":  # tiny's phases tell the same story
+            probes = []
         for variant, backend, workers in probes:
             ph = phase_probe(base, backend, workers)
             log(f"[{name}] phases {variant}: " + ", ".join(f"{k} {v:.4f}" for k, v in ph.items()))
@@ -654,6 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--sections", default="overhead,scaling,million,flower,pfl",
                         help="comma list of overhead, scaling, million, flower, pfl")
+    parser.add_argument("--workloads", default="tiny,w1,heavy",
+                        help="comma list of the overhead section's workloads: tiny, w1 "
+                             "(issue 32's: tiny with batch 32, no momentum), heavy")
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
     out_dir = Path(args.out)
@@ -668,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     start_ray()
     try:
         if "overhead" in sections:
-            rows += overhead_section(args.quick, log)
+            rows += overhead_section(args.quick, log, tuple(args.workloads.split(",")))
         if "scaling" in sections:
             rows += scaling_section(args.quick, log)
         if "million" in sections and not args.quick:

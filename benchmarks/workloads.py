@@ -94,6 +94,11 @@ TINY = {  # overhead-dominated: MLP on digits, 20 clients, half of them per roun
     "eval_every": 5,
 }
 
+# issue 32's W1: TINY with batch 32 and plain SGD (no momentum), the shape measured against
+# Flower; fewer, larger steps than TINY, so Ray's per-round cost weighs more
+W1 = {**TINY, "name": "bench_w1",
+      "federation": {**TINY["federation"], "batch_size": 32, "optimizer": {"lr": 0.05}}}
+
 HEAVY = {  # compute-heavy: the FMT-SVM CNN on 3×32×32 synthetic images
     "name": "bench_heavy", "seed": 0,
     "dataset": {"name": "synthetic_images", "n_samples": 12000, "separation": 0.1},

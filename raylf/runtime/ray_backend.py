@@ -3,7 +3,8 @@
 Every actor is created on its own bundle of a placement group, with child-task capture, and
 declares its CPUs (and GPU share) explicitly. Outside Tune the group is created here and checked
 against the cluster first; inside a Tune trial the trial's own group is used (bundle 0 is the
-trial function, then the coordinator, then one bundle per worker).
+trial function, then the coordinator, then one bundle per worker). With one worker the
+coordinator hosts that worker's shard itself, on the worker's bundle (``RayHost``).
 
 A finished run parks its actors instead of killing them when the next run of the process can
 take them over (``park``): starting an actor process costs an import of torch, and three of
@@ -27,6 +28,7 @@ from raylf.config import ResourceSpec
 from raylf.errors import SpecError
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
+from raylf.runtime.local import LocalPool
 from raylf.runtime.memory import keep_freed_memory, reset_peak_memory
 from raylf.runtime.shard import ClientShard
 from raylf.training import tensor_bytes
@@ -143,6 +145,27 @@ class RayShard(Reopenable, ClientShard):
 
     def evaluate(self, rnd, payload, client_ids, extras):
         return super().evaluate(rnd, as_tensors(payload), client_ids, extras)
+
+
+class RayHost(Reopenable, Coordinator):
+    """The coordinator and a trial's only client shard in one actor, on the worker's bundle.
+
+    Why: with one worker, a round on a coordinator actor is a relay, driver → coordinator →
+    worker and back, and that second hop (a task, the model out and the updates back through
+    Ray's serialization) cost more than a tiny round's training (issue 32, W1: 0.0087 s a round
+    on Ray against 0.0040 in process). Here the shard is called in process, as by the local
+    backend, and a round is one call from the driver, which queues the next before it handles
+    this one. The coordinator's bundle stays reserved and idle: a Tune trial's group was sized
+    before the trial chose."""
+
+    def __init__(self, blueprint: Blueprint, client_ids, threads: int | None):
+        shard = ClientShard(blueprint, client_ids, threads, index=0)
+        keep_freed_memory()  # as RayShard: the process trains
+        super().__init__(blueprint, LocalPool([shard]))
+
+    def reopen(self, *args) -> None:
+        reset_peak_memory()
+        super().reopen(*args)
 
 
 class RayPool:
@@ -280,11 +303,18 @@ class RayRuntime:
                 self.group, placement_group_bundle_index=first + index,
                 placement_group_capture_child_tasks=True)
 
+        on_worker = dict(num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker)
+        if len(hosted) == 1:
+            self.workers = []
+            self.coordinator = ray.remote(RayHost).options(
+                **on_worker, scheduling_strategy=on_bundle(1),
+                name=f"{label}/coordinator+worker-0",
+            ).remote(*self._coordinator_args(blueprint, hosted, res))
+            return
         shard_actor = ray.remote(RayShard)
         self.workers = [
             shard_actor.options(
-                num_cpus=res.cpus_per_worker, num_gpus=res.gpus_per_worker,
-                scheduling_strategy=on_bundle(1 + w), name=f"{label}/worker-{w}",
+                **on_worker, scheduling_strategy=on_bundle(1 + w), name=f"{label}/worker-{w}",
             ).remote(blueprint, ids, res.threads_per_worker(), w)
             for w, ids in enumerate(hosted)
         ]
@@ -292,7 +322,14 @@ class RayRuntime:
         self.coordinator = coordinator_actor.options(
             num_cpus=res.coordinator_cpus, scheduling_strategy=on_bundle(0),
             name=f"{label}/coordinator",
-        ).remote(blueprint, RayPool(self.workers, self.timeout_s))
+        ).remote(*self._coordinator_args(blueprint, hosted, res))
+
+    def _coordinator_args(self, blueprint: Blueprint, hosted, res: ResourceSpec) -> tuple:
+        """What the coordinator actor is built (or reopened) from: with one worker, the shard
+        it hosts itself (``RayHost``); else the pool of worker actors."""
+        if len(hosted) == 1:
+            return blueprint, hosted[0], res.threads_per_worker()
+        return blueprint, RayPool(self.workers, self.timeout_s)
 
     @staticmethod
     def _own_group(res: ResourceSpec, workers: int) -> PlacementGroup:
@@ -313,8 +350,9 @@ class RayRuntime:
             ray.get([worker.reopen.remote(blueprint, ids, res.threads_per_worker(), w)
                      for w, (worker, ids) in enumerate(zip(parked.workers, hosted))],
                     timeout=self.timeout_s)
-            ray.get(parked.coordinator.reopen.remote(
-                blueprint, RayPool(parked.workers, self.timeout_s)), timeout=self.timeout_s)
+            self.workers = parked.workers
+            ray.get(parked.coordinator.reopen.remote(*self._coordinator_args(
+                blueprint, hosted, res)), timeout=self.timeout_s)
         except ray.exceptions.RayError:
             parked.release()
             return False
