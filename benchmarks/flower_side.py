@@ -6,13 +6,14 @@ Runs inside the isolated Flower venv (see ``setup_peer_venv.sh flower``); it mus
 
 The workload is fully given by the ``.npz`` file:
 
-* ``x`` (float32, N x F), ``y`` (int64, N);
+* ``x`` (float32, N x F, shaped by the config's ``input_shape``), ``y`` (int64, N);
 * ``train_idx_<k>`` / ``test_idx_<k>`` for each client k = 0..K-1;
 * ``participants`` (int64, R x M): row r - 1 holds the clients that train in round r = 1..R;
-* ``init`` (float32): the flat initial MLP parameters, Linear layers in order, weight then bias,
-  each in PyTorch layout (out x in);
-* ``config``: a 0-d string array holding JSON with ``hidden``, ``num_classes``, ``rounds``,
-  ``local_epochs``, ``batch_size``, ``lr``, ``momentum``, ``seed``, ``cpus_per_client``.
+* ``init`` (float32): the flat initial parameters of raylf's mlp or cnn
+  (``peer_workload.PeerNet``, the same module tree), in PyTorch layout and order;
+* ``config``: a 0-d string array holding JSON with ``model``, ``hidden`` or ``channels`` and
+  ``features``, ``num_classes``, ``rounds``, ``local_epochs``, ``batch_size``, ``lr``,
+  ``momentum``, ``seed``, ``cpus_per_client``.
 
 How it maps onto Flower (flwr 1.42, Message API):
 
@@ -70,7 +71,7 @@ from flwr.app import (  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
-from peer_workload import derive_seed, load_workload  # noqa: E402
+from peer_workload import PeerNet, derive_seed, initial_net, load_workload  # noqa: E402
 from torch import nn  # noqa: E402
 
 PARTITION_ID = "partition-id"
@@ -80,35 +81,11 @@ NUM_EXAMPLES = "num-examples"
 # --------------------------------------------------------------------------- workload / model
 
 
-def features(wl: dict[str, Any]) -> torch.Tensor:
-    """The samples as the MLP reads them: one flat row each (a view, no copy)."""
-    return wl["x"].flatten(1)
-
-
 def check_model(wl: dict[str, Any]) -> None:
-    """The initial weights fit the MLP the config describes."""
-    cfg = wl["config"]
-    if float(cfg["cpus_per_client"]) <= 0:
+    """The initial weights fit the model the config describes (``initial_net`` raises)."""
+    if float(wl["config"]["cpus_per_client"]) <= 0:
         raise ValueError("cpus_per_client must be > 0")
-    expected = sum(p.numel() for p in build_mlp(features(wl).shape[1], cfg).parameters())
-    if wl["init"].size != expected:
-        raise ValueError(f"init has {wl['init'].size} values, the MLP has {expected}")
-
-
-def build_mlp(num_features: int, cfg: dict[str, Any]) -> nn.Sequential:
-    sizes = [num_features, *(int(h) for h in cfg["hidden"]), int(cfg["num_classes"])]
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-def initial_model(wl: dict[str, Any]) -> nn.Sequential:
-    model = build_mlp(features(wl).shape[1], wl["config"])
-    nn.utils.vector_to_parameters(torch.from_numpy(wl["init"].copy()), model.parameters())
-    return model
+    initial_net(wl)
 
 
 def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: dict[str, Any],
@@ -161,10 +138,10 @@ def train(msg: Message, context: Context) -> Message:
     rnd = int(cfg_rec["server-round"])
     idx = wl["train_idx"][client]
 
-    model = build_mlp(features(wl).shape[1], cfg)
+    model = PeerNet(cfg, wl["input_shape"])
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     gen = torch.Generator().manual_seed(derive_seed(int(cfg["seed"]), "client", rnd, client))
-    train_local(model, features(wl)[idx], wl["y"][idx], cfg, gen)
+    train_local(model, wl["x"][idx], wl["y"][idx], cfg, gen)
 
     reply = RecordDict({
         "arrays": ArrayRecord(model.state_dict()),
@@ -246,7 +223,7 @@ def make_server_app(workload: str, timeout: float, outcome: dict[str, Any]) -> S
         t0 = time.perf_counter()
         result = strategy.start(
             grid=grid,
-            initial_arrays=ArrayRecord(initial_model(wl).state_dict()),
+            initial_arrays=ArrayRecord(initial_net(wl).state_dict()),
             num_rounds=int(wl["config"]["rounds"]),
             timeout=timeout,
             train_config=ConfigRecord({"workload": workload}),
@@ -299,9 +276,9 @@ def run(workload: str, num_cpus: float | None, timeout: float, verbose: bool) ->
     if "final_state" not in outcome:
         raise RuntimeError("the Flower simulation ended without a final model")
 
-    model = build_mlp(features(wl).shape[1], cfg)
+    model = PeerNet(cfg, wl["input_shape"])
     model.load_state_dict(outcome["final_state"])
-    accs = [accuracy(model, features(wl)[idx], wl["y"][idx]) for idx in wl["test_idx"]]
+    accs = [accuracy(model, wl["x"][idx], wl["y"][idx]) for idx in wl["test_idx"]]
     valid = [a for a in accs if a is not None]
     return {
         "flwr_version": flwr.__version__,

@@ -3,18 +3,20 @@
 
 It runs in the peers' own venvs, which cannot import raylf, so it needs only NumPy and torch;
 the peer scripts import it from their own folder (Flower's Ray actors get that folder on their
-path with the script's module).
+path with the script's module). The model is here too, so both peers train the same network.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import zlib
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 
 def derive_seed(seed: int, purpose: str, *indices: int) -> int:
@@ -66,3 +68,50 @@ def _check(wl: dict[str, Any]) -> None:
             raise ValueError(f"participants[{r}] repeats a client")
     if int(cfg["batch_size"]) < 1 or int(cfg["local_epochs"]) < 0:
         raise ValueError("batch_size must be >= 1 and local_epochs >= 0")
+
+
+class PeerNet(nn.Module):
+    """raylf's mlp / cnn as ``encoder`` + ``head`` (the same module tree, so the same parameter
+    names and order as the exported initial weights)."""
+
+    def __init__(self, cfg: dict[str, Any], input_shape: tuple[int, ...]):
+        super().__init__()
+        classes = int(cfg["num_classes"])
+        if cfg.get("model", "mlp") == "mlp":
+            layers: list[nn.Module] = [nn.Flatten()]
+            width = math.prod(input_shape)
+            for h in cfg["hidden"]:
+                layers += [nn.Linear(width, int(h)), nn.ReLU()]
+                width = int(h)
+            self.encoder = nn.Sequential(*layers)
+        elif cfg["model"] == "cnn":
+            blocks: list[nn.Module] = []
+            in_ch = input_shape[0]
+            for ch in cfg["channels"]:
+                blocks += [nn.Conv2d(in_ch, int(ch), 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+                in_ch = int(ch)
+            convs = nn.Sequential(*blocks, nn.Flatten())
+            with torch.no_grad():
+                flat = convs(torch.zeros(1, *input_shape)).shape[1]
+            width = int(cfg["features"])
+            self.encoder = nn.Sequential(convs, nn.Linear(flat, width), nn.ReLU())
+        else:
+            raise ValueError(f"model {cfg['model']!r}: the peers build mlp and cnn")
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def initial_net(wl: dict[str, Any], cls: type[PeerNet] = PeerNet) -> PeerNet:
+    """The workload's model (``cls``: a PeerNet subclass a peer needs) at its exported initial
+    weights; ValueError if the parameters do not match the export's order or count."""
+    net = cls(wl["config"], wl["input_shape"])
+    names = [n for n, _ in net.named_parameters()]
+    if "layout" in wl["config"] and names != list(wl["config"]["layout"]):
+        raise ValueError(f"parameter order {names} differs from raylf's {wl['config']['layout']}")
+    init = torch.from_numpy(wl["init"].copy())
+    if init.numel() != sum(p.numel() for p in net.parameters()):
+        raise ValueError(f"init has {init.numel()} values, the model another count")
+    nn.utils.vector_to_parameters(init, net.parameters())
+    return net

@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -61,43 +60,13 @@ warnings.filterwarnings("ignore", message=r".*reduce_op. is deprecated", categor
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from peer_workload import derive_seed, load_workload  # noqa: E402
-from torch import nn  # noqa: E402
+from peer_workload import PeerNet, derive_seed, initial_net, load_workload  # noqa: E402
 
 # --------------------------------------------------------------------------- workload / model
 
 
-class Net(nn.Module):
-    """raylf's mlp / cnn as ``encoder`` + ``head`` (the same module tree, so the same parameter
-    names and order), with the ``loss`` and ``metrics`` methods pfl's PyTorchModel calls."""
-
-    def __init__(self, cfg: dict[str, Any], input_shape: tuple[int, ...]):
-        super().__init__()
-        classes = int(cfg["num_classes"])
-        if cfg.get("model", "mlp") == "mlp":
-            layers: list[nn.Module] = [nn.Flatten()]
-            width = math.prod(input_shape)
-            for h in cfg["hidden"]:
-                layers += [nn.Linear(width, int(h)), nn.ReLU()]
-                width = int(h)
-            self.encoder = nn.Sequential(*layers)
-        elif cfg["model"] == "cnn":
-            blocks: list[nn.Module] = []
-            in_ch = input_shape[0]
-            for ch in cfg["channels"]:
-                blocks += [nn.Conv2d(in_ch, int(ch), 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
-                in_ch = int(ch)
-            convs = nn.Sequential(*blocks, nn.Flatten())
-            with torch.no_grad():
-                flat = convs(torch.zeros(1, *input_shape)).shape[1]
-            width = int(cfg["features"])
-            self.encoder = nn.Sequential(convs, nn.Linear(flat, width), nn.ReLU())
-        else:
-            raise ValueError(f"model {cfg['model']!r}: the pfl side builds mlp and cnn")
-        self.head = nn.Linear(width, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(x))
+class Net(PeerNet):
+    """The peers' network with the ``loss`` and ``metrics`` methods pfl's PyTorchModel calls."""
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.train()
@@ -111,18 +80,6 @@ class Net(nn.Module):
         logits = self(x)
         return {"accuracy": Weighted(float((logits.argmax(1) == y).sum()), len(y)),
                 "loss": Weighted(float(F.cross_entropy(logits, y, reduction="sum")), len(y))}
-
-
-def initial_net(wl: dict[str, Any]) -> Net:
-    net = Net(wl["config"], wl["input_shape"])
-    names = [n for n, _ in net.named_parameters()]
-    if "layout" in wl["config"] and names != list(wl["config"]["layout"]):
-        raise ValueError(f"parameter order {names} differs from raylf's {wl['config']['layout']}")
-    init = torch.from_numpy(wl["init"].copy())
-    if init.numel() != sum(p.numel() for p in net.parameters()):
-        raise ValueError(f"init has {init.numel()} values, the model another count")
-    nn.utils.vector_to_parameters(init, net.parameters())
-    return net
 
 
 # --------------------------------------------------------------------------- pfl pieces
@@ -173,7 +130,7 @@ def run(workload: str, threads: int) -> dict[str, Any]:
     # no validation cohort (val_cohort_size=None): SimulatedBackend still asks for one
     backend = SimulatedBackend(training_data=train_data, val_data=train_data,
                                postprocessors=[WeightByDatapoints()])
-    net = initial_net(wl)
+    net = initial_net(wl, Net)
     model = PyTorchModel(
         model=net,
         local_optimizer_create=functools.partial(

@@ -511,27 +511,35 @@ def peer_row(peer: Peer, results: list[dict[str, Any]], workload: str, base: dic
                note=note)
 
 
+PEER_WORKLOADS = (("tiny", W.TINY), ("w1", W.W1), ("heavy", W.HEAVY))
+
+
 def flower_section(log) -> list[dict[str, Any]]:
-    base = W.with_fields(W.TINY, eval_every=W.TINY["federation"]["rounds"])
-    with exported(W.make_spec(base)) as path:
-        stop_ray()  # Flower starts its own Ray: do not leave ours idling on the same cores
-        fl = run_peer(FLOWER, path, "--num-cpus", str(os.cpu_count()))
-    start_ray()
-    ours = repeat(lambda: measure_raylf(base, "ray", 2), 3)
-    fl_round = W.median_after_first(fl["round_s"])
-    diff = max_diff(ours["acc"], fl["final_acc_per_client"])
-    log(f"[flower] flower {fl_round:.4f} s/round, raylf {ours['round_s']:.4f} s/round; "
-        f"acc flower {fl['acc_mean']:.4f} raylf {ours['acc_mean']:.4f} (max diff {diff:.2g})")
-    return [
-        peer_row(FLOWER, [fl], "tiny", base, [ours], workers=2,
-                 note=(f"ray {fl['ray_version']}, 1 CPU/client; ratio column = flower/raylf "
-                       f"per round; wall = run_simulation incl. Ray start ({fl['outer_s']:.1f}s "
-                       "with process start)")),
-        row("flower", "tiny", "raylf ray-2w", base, workers=2,
-            ratio_to_floor=1.0, max_acc_diff_vs_floor=diff,
-            note=f"flower/raylf total wall {fl['wall_s'] / ours['wall_s']:.1f}x "
-                 "(raylf wall excludes ray.init, Ray already running)", **ours),
-    ]
+    """Flower's simulation on each workload (evaluation in the last round only), once, beside
+    raylf on Ray with 2 workers (3 runs); the ratio column is Flower's round over raylf's."""
+    rows: list[dict[str, Any]] = []
+    for name, full in PEER_WORKLOADS:
+        base = W.with_fields(full, eval_every=full["federation"]["rounds"])
+        with exported(W.make_spec(base)) as path:
+            stop_ray()  # Flower starts its own Ray: do not leave ours idling on the same cores
+            fl = run_peer(FLOWER, path, "--num-cpus", str(os.cpu_count()))
+        start_ray()
+        ours = repeat(lambda base=base: measure_raylf(base, "ray", 2), 3)
+        fl_round = W.median_after_first(fl["round_s"])
+        diff = max_diff(ours["acc"], fl["final_acc_per_client"])
+        log(f"[flower] [{name}] flower {fl_round:.4f} s/round, raylf {ours['round_s']:.4f} "
+            f"s/round; acc flower {fl['acc_mean']:.4f} raylf {ours['acc_mean']:.4f} "
+            f"(max diff {diff:.2g})")
+        rows += [
+            peer_row(FLOWER, [fl], name, base, [ours], workers=2,
+                     note=(f"ray {fl['ray_version']}, 1 CPU/client; ratio column = "
+                           f"flower/raylf per round; wall = run_simulation incl. Ray start "
+                           f"({fl['outer_s']:.1f}s with process start)")),
+            row("flower", name, "raylf ray-2w", base, workers=2,
+                ratio_to_floor=1.0, max_acc_diff_vs_floor=diff,
+                note=f"flower/raylf total wall {fl['wall_s'] / ours['wall_s']:.1f}x "
+                     "(raylf wall excludes ray.init, Ray already running)", **ours)]
+    return rows
 
 
 PFL_UNEQUAL = (
@@ -541,12 +549,13 @@ PFL_UNEQUAL = (
 
 
 def pfl_section(log) -> list[dict[str, Any]]:
-    """pfl on the tiny and heavy workloads (evaluation in the last round only) with 1 process
-    and with 2 (torchrun), one torch thread each, beside the floor, raylf local and raylf on Ray
-    with 2 workers. Each repeat (3 tiny, 2 heavy) runs all five in turn, so that a change in
-    the machine's load hits all of them; ratios are taken within a repeat."""
+    """pfl on the tiny, W1 and heavy workloads (evaluation in the last round only) with 1
+    process and with 2 (torchrun), one torch thread each, beside the floor, raylf local and
+    raylf on Ray with 2 workers. Each repeat (3, heavy 2) runs all five in turn, so that a
+    change in the machine's load hits all of them; ratios are taken within a repeat."""
     rows: list[dict[str, Any]] = []
-    for name, full, reps in (("tiny", W.TINY, 3), ("heavy", W.HEAVY, 2)):
+    for name, full in PEER_WORKLOADS:
+        reps = 2 if name == "heavy" else 3
         base = W.with_fields(full, eval_every=full["federation"]["rounds"])
         spec = W.make_spec(base)
         same_layout = W.trains_channels_last(spec)
