@@ -10,11 +10,14 @@ from raylf.runtime.ray_backend import bundles, check_fits, warm_actors
 from raylf.testing import run_local_as_a_ray_worker, without_timing
 
 
-@pytest.mark.parametrize("method", ["fedavg_se", "fedavg"])  # sharded / replicated client data
-def test_ray_and_local_agree_exactly(ray_cluster, small_spec, method):
+@pytest.mark.parametrize("method, workers", [
+    ("fedavg_se", 2), ("fedavg", 2),  # sharded / replicated client data
+    ("fedavg_se", 1)])  # one worker: the coordinator hosts the shard (RayHost)
+def test_ray_and_local_agree_exactly(ray_cluster, small_spec, method, workers):
     """Same partition, same participation stream, same per-client accuracies (CPU, 1 thread)."""
     spec = small_spec(federation__rounds=6, method__name=method,
-                      resources={"workers": 2, "cpus_per_worker": 0.5, "gpus_per_worker": 0.25})
+                      resources={"workers": workers, "cpus_per_worker": 0.5,
+                                 "gpus_per_worker": 0.25})
     local = run_local_as_a_ray_worker(spec)
     remote = run_experiment(spec, backend="ray").tables
     assert remote["trials"][0]["status"] == "ok", remote["trials"][0]["error"]
@@ -50,15 +53,17 @@ def test_actors_fill_every_bundle_of_the_group_with_gpu_shares(ray_cluster, smal
     assert seen["GPU"] == (pytest.approx(3 * 0.25), 0)
 
 
+@pytest.mark.parametrize("workers", [2, 1])
 def test_a_finished_run_hands_its_actors_to_the_next_run_of_the_same_shape(ray_cluster,
-                                                                           small_spec):
+                                                                           small_spec, workers):
     """The next run reopens the parked actors (the same processes) and its tables equal the
     in-process reference's, as a run on fresh actors does (above); leaving ``warm_actors``
     removes the parked group."""
     import ray
 
-    first = small_spec(method__name="fedavg_se", federation__rounds=2)
-    second = small_spec(method__name="fedavg", federation__rounds=3, seed=5)
+    res = {"workers": workers, "cpus_per_worker": 0.5, "gpus_per_worker": 0.25}
+    first = small_spec(method__name="fedavg_se", federation__rounds=2, resources=res)
+    second = small_spec(method__name="fedavg", federation__rounds=3, seed=5, resources=res)
     used = []
 
     def actors(outcome, runtime, progress, snapshot):
@@ -68,7 +73,8 @@ def test_a_finished_run_hands_its_actors_to_the_next_run_of_the_same_shape(ray_c
     with warm_actors():
         assert run_experiment(first, backend="ray", on_round=actors).status == "ok"
         warm = run_experiment(second, backend="ray", on_round=actors).tables
-    assert used[0] == used[-1]  # one group and three actors served both runs
+    assert used[0] == used[-1]  # one group and its actors served both runs
+    assert len(used[0][1]) == (1 if workers == 1 else 1 + workers)
     assert ray.util.placement_group_table(used[0][0])["state"] == "REMOVED"
     for table in ("rounds", "clients"):
         assert without_timing(warm[table]) == without_timing(local[table])
