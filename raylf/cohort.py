@@ -10,9 +10,10 @@ sequential trainer), and its own momentum. Clients of different sizes follow the
 counts: at every step only clients with a batch left take part, grouped by batch size (a full
 batch, or the short last batch of an epoch), so each client's loss is the ordinary mean over
 its own batch and a finished client is neither updated nor has its momentum advanced. The
-arithmetic is the sequential SGD's (prox → clip → weight decay → momentum, as ``torch.optim.SGD``
-and ``clip_grad_norm_`` do it), batched: per-client results equal the sequential path's up to
-float rounding of the batched kernels (tested at 1e-5).
+schedule and the step are the sequential trainer's own (``raylf.sgd``: prox → clip → weight
+decay → momentum), the step taken on the stacked clients at once: per-client results equal the
+sequential path's up to float rounding of the batched kernels (the contract suite checks every
+plan-declaring method at 1e-5, ``raylf.testing``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from raylf import learning_check
+from raylf import learning_check, sgd
 from raylf.data.federation import Split
-from raylf.training import PARTS, FitResult, LocalTrainer
+from raylf.training import PARTS, AfterStep, FitResult, LocalTrainer, Penalty
 
 # Memory a cohort may use, as a share of what the device has free when it is sized.
 MEMORY_SHARE = 0.25
@@ -145,12 +146,16 @@ def not_worthwhile(model: nn.Module, sample_shape: tuple[int, ...],
 @dataclass(frozen=True)
 class CohortMember:
     """One client of a cohort: where its rows are in the shard's training split, its start
-    vector, its seed, and (optionally) its proximal anchor."""
+    vector, its seed, and what of its plan may differ between clients: its proximal anchor and
+    strength, its loss penalty and its after-step map (``LocalTrainer.fit``'s)."""
 
     position: int
     start: torch.Tensor
     seed: int
     anchor: torch.Tensor | None = None
+    mu: float = 0.0
+    penalty: Penalty | None = None
+    after_step: AfterStep | None = None
 
 
 class CohortTrainer:
@@ -204,12 +209,20 @@ class CohortTrainer:
         return max(1, min(participants, fits))
 
     def fit(self, members: list[CohortMember], split: Split, targets: str, *,
-            trainable: tuple[str, ...] = PARTS, mu: float = 0.0,
-            loss_fn=None) -> tuple[torch.Tensor, list[FitResult]]:
-        """Train every member for the federation's local epochs; the trained flat vectors
-        (members × P) and one FitResult per member, as the sequential ``fit`` would give."""
+            trainable: tuple[str, ...] = PARTS, loss_fn=None, epochs: int | None = None,
+            max_steps: int | None = None) -> tuple[torch.Tensor, list[FitResult]]:
+        """Train every member as ``LocalTrainer.fit`` would (``epochs``, default the
+        federation's local epochs, cut after ``max_steps``); the trained flat vectors
+        (members × P) and one FitResult per member.
+
+        At every step the clients with a batch left are grouped by batch size and proximal
+        strength; each group takes one batched gradient and one ``raylf.sgd.step_`` on its rows
+        of the stacked weights and momenta (gathered and written back when not everyone
+        steps). A member's penalty and after-step map are its own functions of its own rows."""
         trainer = self.trainer
-        device, cfg = trainer.device, trainer.opt_cfg
+        device, cfg, batch = trainer.device, trainer.opt_cfg, trainer.batch_size
+        if epochs is None and max_steps is None:
+            epochs = trainer.local_epochs
         flat = torch.stack([m.start for m in members]).to(device)
         trained = [s for s in self.params if self.part_of[s.name] in trainable]
         frozen = [s for s in self.params if self.part_of[s.name] not in trainable]
@@ -219,21 +232,24 @@ class CohortTrainer:
                     for s in slots}
 
         weights, fixed = stacked(flat, trained), stacked(flat, frozen)
+        names = list(weights)
+        prox = members[0].anchor is not None
         anchors = stacked(torch.stack([m.anchor for m in members]).to(device), trained) \
-            if mu else {}
-        momentum = {k: torch.zeros_like(v) for k, v in weights.items()} if cfg.momentum else {}
+            if prox else {}
+        momenta = sgd.zero_momenta([weights[k] for k in names], cfg)
+        momenta = {} if momenta is None else dict(zip(names, momenta))
         step_fn = self._gradients(loss_fn)
-        schedules = [self._schedule(split, m, trainer.batch_size, trainer.local_epochs, device)
+        schedules = [self._schedule(split, m, batch, epochs, max_steps, device)
                      for m in members]
         totals = torch.zeros(len(members), device=device)
         steps, samples = [0] * len(members), [0] * len(members)
         trainer.model.train()
-        for t in range(max(len(s) for s in schedules)):
-            by_size: dict[int, list[int]] = defaultdict(list)
+        for t in range(max(map(len, schedules), default=0)):
+            groups: dict[tuple[int, float], list[int]] = defaultdict(list)
             for c, schedule in enumerate(schedules):
                 if t < len(schedule):  # a finished client takes no step, its momentum rests
-                    by_size[len(schedule[t])].append(c)
-            for size, clients in by_size.items():
+                    groups[len(schedule[t]), members[c].mu].append(c)
+            for (size, mu), clients in groups.items():
                 index = torch.as_tensor(clients, device=device)
                 whole = len(clients) == len(members)
 
@@ -244,39 +260,23 @@ class CohortTrainer:
                 rows = torch.stack([schedules[c][t] for c in clients])
                 y = split.y[rows] if targets == "labels" else {
                     k: v[rows] for k, v in split.tasks.items()}
-                current = take(weights)
-                grads, losses = step_fn(current, take(fixed), split.x[rows], y)
-                if mu:  # the proximal pull, then clipping, as the sequential fit orders them
-                    pulls = take(anchors)
-                    grads = {k: g + mu * (current[k] - pulls[k]) for k, g in grads.items()}
-                if cfg.grad_clip is not None:
-                    total = torch.stack([g.flatten(1).pow(2).sum(1)
-                                         for g in grads.values()]).sum(0).sqrt()
-                    scale = (cfg.grad_clip / (total + 1e-6)).clamp(max=1.0)
-                    grads = {k: g * scale.view(-1, *[1] * (g.dim() - 1))
-                             for k, g in grads.items()}
-                names = list(grads)  # torch.optim.SGD's step, per client, all tensors at once
-                d = [grads[k] for k in names]
-                if cfg.weight_decay:
-                    d = torch._foreach_add(d, [current[k] for k in names],
-                                           alpha=cfg.weight_decay)
-                if cfg.momentum and whole:  # buffers start at zero: the first buffer is d
-                    buffers = [momentum[k] for k in names]
-                    torch._foreach_mul_(buffers, cfg.momentum)
-                    torch._foreach_add_(buffers, d)
-                    d = buffers
-                elif cfg.momentum:
-                    resting = take(momentum)
-                    d = torch._foreach_add(
-                        torch._foreach_mul([resting[k] for k in names], cfg.momentum), d)
-                    for k, buffer in zip(names, d):
-                        momentum[k].index_copy_(0, index, buffer)
-                if whole:  # the stacked weights are updated in place
-                    torch._foreach_add_([weights[k] for k in names], d, alpha=-cfg.lr)
-                else:
-                    stepped = torch._foreach_add([current[k] for k in names], d, alpha=-cfg.lr)
-                    for k, w in zip(names, stepped):
-                        weights[k].index_copy_(0, index, w)
+                current, resting, pinned = take(weights), take(momenta), take(fixed)
+                grads, losses = step_fn(current, pinned, split.x[rows], y)
+                if any(members[c].penalty is not None for c in clients):
+                    grads = self._with_penalties(grads, current, pinned,
+                                                 [members[c].penalty for c in clients])
+                pulls = take(anchors)
+                sgd.step_([current[k] for k in names], [grads[k] for k in names],
+                          [resting[k] for k in names] if momenta else None, cfg,
+                          anchors=[pulls[k] for k in names] if prox else None, mu=mu)
+                if not whole:  # the group's rows were gathered: write them back
+                    for k in names:
+                        weights[k].index_copy_(0, index, current[k])
+                        if momenta:
+                            momenta[k].index_copy_(0, index, resting[k])
+                for c in clients:
+                    if members[c].after_step is not None:
+                        self._after_step(members[c].after_step, weights, fixed, c, cfg.lr)
                 totals.index_add_(0, index, losses.detach())
                 for c in clients:
                     steps[c] += 1
@@ -286,6 +286,25 @@ class CohortTrainer:
         results = [FitResult(float(totals[c]) / max(steps[c], 1), steps[c], samples[c])
                    for c in range(len(members))]
         return flat, results
+
+    @staticmethod
+    def _with_penalties(grads, current, pinned, penalties) -> dict[str, torch.Tensor]:
+        """``grads`` plus the gradient of each client's penalty of its own parameters (a
+        client without one adds nothing), as the sequential fit adds it to the loss."""
+        leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
+        total = sum(penalty({**{k: v[i] for k, v in leaves.items()},
+                             **{k: v[i] for k, v in pinned.items()}})
+                    for i, penalty in enumerate(penalties) if penalty is not None)
+        extra = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
+        return {k: g if e is None else g + e for (k, g), e in zip(grads.items(), extra)}
+
+    @staticmethod
+    @torch.no_grad()
+    def _after_step(after_step: AfterStep, weights, fixed, c: int, lr: float) -> None:
+        """Client ``c``'s after-step map on its own rows of the stacked parameters."""
+        rows = {**{k: v[c] for k, v in weights.items()}, **{k: v[c] for k, v in fixed.items()}}
+        for name, value in after_step(rows, lr).items():
+            rows[name].copy_(value)
 
     @torch.no_grad()
     def predict(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -340,18 +359,15 @@ class CohortTrainer:
         return batched
 
     @staticmethod
-    def _schedule(split: Split, member: CohortMember, batch: int, epochs: int,
-                  device: torch.device) -> list[torch.Tensor]:
-        """The member's minibatches as rows of the shard's split, in the order the sequential
-        trainer draws them from the same seed."""
+    def _schedule(split: Split, member: CohortMember, batch: int, epochs: int | None,
+                  max_steps: int | None, device: torch.device) -> list[torch.Tensor]:
+        """The member's minibatches as rows of the shard's split: ``raylf.sgd``'s schedule
+        from its seed, as the sequential trainer draws it."""
         rows = split.rows(member.position)
         n = rows.stop - rows.start
-        gen = torch.Generator().manual_seed(member.seed)
-        out = []
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=gen).to(device) + rows.start
-            out += [order[i: i + batch] for i in range(0, n, batch)]
-        return out
+        orders = sgd.SeededOrders(n, member.seed, device)
+        return [idx + rows.start for idx in sgd.minibatches(
+            orders, n, batch, sgd.step_count(n, batch, epochs, max_steps))]
 
 
 def cohorts(count: int, size: int) -> list[slice]:

@@ -31,6 +31,12 @@ def derive(seed: int, purpose: str, *indices: int) -> int:
     return int(state[0]) << 31 ^ int(state[1])
 
 
+def client_seed(seed: int, rnd: int, cid: int) -> int:
+    """Client ``cid``'s seed of round ``rnd``, the ``seed`` its local update is handed: a
+    ``FitPlan``, declared without it, derives its own streams from it here."""
+    return derive(seed, "client", rnd, cid)
+
+
 def generator(seed: int, *indices: int) -> torch.Generator:
     """A torch generator for a method's own random choices (a data subset, noise), drawn from
     the client's round seed on the ``method`` stream so it never repeats the trainer's

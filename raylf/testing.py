@@ -19,6 +19,7 @@ between clients, or that keeps state a checkpoint does not restore, cannot.
 from __future__ import annotations
 
 import copy
+import math
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -54,11 +55,12 @@ def run_local_as_a_ray_worker(spec: ExperimentSpec) -> dict:
         torch.set_num_threads(threads)
 
 
-def contract_spec(name: str, params: dict[str, Any] | None = None,
-                  rounds: int = 4) -> ExperimentSpec:
+def contract_spec(name: str, params: dict[str, Any] | None = None, rounds: int = 4,
+                  **sections: dict[str, Any]) -> ExperimentSpec:
     """Six clients, mlp, half participation, a validation split (so both evaluation splits are
     scored); the data the method ``requires``: multi-task digits for ``tasks``, two rotated
-    groups for ``groups``. Two workers, so uploads are reduced on more than one."""
+    groups for ``groups``. Two workers, so uploads are reduced on more than one. ``sections``
+    update the spec's sections of those names (``resources={"workers": 1}``)."""
     requires = METHODS.get(name).requires
     spec: dict[str, Any] = {
         "name": "contract",
@@ -79,6 +81,8 @@ def contract_spec(name: str, params: dict[str, Any] | None = None,
         spec["scenario"] = {"name": "multitask_dirichlet", "alpha": 0.5, "val_fraction": 0.1}
     if "groups" in requires:
         spec["scenario"] = {"name": "rotation", "groups": 2, "val_fraction": 0.1}
+    for section, changes in sections.items():
+        spec[section] = {**spec.get(section, {}), **changes}
     return validate(spec)
 
 
@@ -215,6 +219,65 @@ def checkpoint_and_restore_equals_an_uninterrupted_run(name: str, params: dict |
     _assert_same_tree(fresh.coordinator.state, straight.coordinator.state, "server state")
 
 
+def cohort_training_equals_the_sequential_path(name: str, params: dict | None) -> None:
+    """For a method that declares its update as a ``FitPlan``: four rounds with the
+    participants trained in lockstep cohorts end where four rounds trained one client after
+    another do — server state, personal state, the rounds' training losses and every client's
+    scores — up to float rounding of the batched kernels (``COHORT_TOLERANCE``). One worker,
+    so cohorts form; an optimizer that takes every part of the step (momentum, weight decay,
+    clipping). A method without a plan has nothing to check."""
+    optimizer = {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3, "grad_clip": 1.0}
+
+    def trained(cohort: str) -> tuple[LocalRuntime, list]:
+        runtime = _local_runtime(contract_spec(
+            name, params, resources={"workers": 1, "cohort": cohort},
+            federation={"optimizer": optimizer}))
+        runtime.setup()
+        return runtime, [runtime.run_round(r) for r in (1, 2, 3, 4)]
+
+    shard = _local_runtime(contract_spec(name, params)).coordinator.pool.shards[0]
+    if not shard.method.plans_updates:
+        return
+    (lockstep, together), (alone, apart) = trained("auto"), trained("off")
+    assert lockstep.coordinator.pool.shards[0].cohort is not None, \
+        "the runtime trained its plans one client after another (the run's log says why)"
+    _assert_close_tree(lockstep.coordinator.state, alone.coordinator.state, "server state")
+    _assert_close_tree(_personal_of(lockstep), _personal_of(alone), "personal state")
+    for a, b in zip(together, apart):
+        rnd = a.record["round"]
+        assert math.isclose(a.record["loss"], b.record["loss"], rel_tol=0,
+                            abs_tol=COHORT_TOLERANCE) or a.record["loss"] == b.record["loss"] \
+            or (math.isnan(a.record["loss"]) and math.isnan(b.record["loss"])), \
+            f"round {rnd}: training loss {a.record['loss']} in cohorts, {b.record['loss']} alone"
+        assert [_scores(r) for r in a.clients] == [_scores(r) for r in b.clients], \
+            f"round {rnd}: the clients' scores differ"
+
+
+COHORT_TOLERANCE = 1e-5
+"""How far cohort training may land from the sequential path: float rounding of batched
+kernels, nothing else."""
+
+
+def _scores(row: dict) -> tuple:
+    return (row["split"], row["client_id"], row["deployable"], row["task"], row["n_test"],
+            row["correct"])
+
+
+def _assert_close_tree(a: Any, b: Any, where: str) -> None:
+    """``_assert_same_tree`` up to ``COHORT_TOLERANCE`` on floating tensors."""
+    if torch.is_tensor(a) and a.is_floating_point():
+        assert torch.is_tensor(b) and a.shape == b.shape, f"{where} differs in shape"
+        gap = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+        assert gap <= COHORT_TOLERANCE, f"{where} differs by up to {gap:.2e}"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), \
+            f"{where} has keys {sorted(map(str, a))} against {sorted(map(str, b))}"
+        for k in a:
+            _assert_close_tree(a[k], b[k], f"{where}[{k!r}]")
+    else:
+        _assert_same_tree(a, b, where)
+
+
 def ray_backend_gives_identical_client_results(name: str, params: dict | None) -> None:
     """Two rounds on Ray actors give the in-process run's per-client accuracies and bytes up.
 
@@ -244,6 +307,7 @@ CHECKS: dict[str, Check] = {check.__name__: check for check in (
     same_seed_gives_identical_tables,
     participants_upload_the_same_keys_and_bytes_count_what_was_sent,
     checkpoint_and_restore_equals_an_uninterrupted_run,
+    cohort_training_equals_the_sequential_path,
     ray_backend_gives_identical_client_results,
 )}
 IN_PROCESS = tuple(n for n in CHECKS if n != ray_backend_gives_identical_client_results.__name__)

@@ -1,4 +1,4 @@
-"""The shared client arithmetic: flat parameter vectors, the local SGD loop, evaluation.
+"""The shared client arithmetic: flat parameter vectors, local SGD (``raylf.sgd``), evaluation.
 
 A ``LocalTrainer`` owns one model whose parameters and floating buffers are views into a single
 flat tensor, so loading what a client received and reading what it uploads are one copy each, and
@@ -15,7 +15,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.sgd import sgd
+
+from raylf import sgd
 
 PARTS = ("encoder", "head")
 
@@ -88,6 +89,11 @@ class FitResult:
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Penalty = Callable[[dict[str, torch.Tensor]], torch.Tensor]
+"""An extra term of the local objective, of one client's parameters by name (``Slot.name``)."""
+AfterStep = Callable[[dict[str, torch.Tensor], float], dict[str, torch.Tensor]]
+"""A map applied after every optimizer step of size lr (a proximal map of lr × a term kept out
+of the loss): one client's parameters by name and lr → new values of some of them."""
 
 
 class LocalTrainer:
@@ -116,6 +122,7 @@ class LocalTrainer:
                 setattr(owner, leaf, view)
         self._params = {part: [p for n, p in self.model.named_parameters()
                                if n.startswith(part + ".")] for part in PARTS}
+        self._named = dict(self.model.named_parameters())  # Slot.name → parameter
         self.fits: list[FitResult] = []  # every fit and gradient since the runtime last cleared it
 
     # -- flat vector access ------------------------------------------------------------------
@@ -128,81 +135,65 @@ class LocalTrainer:
         return source.detach().clone()
 
     # -- training ----------------------------------------------------------------------------
-    def _sgd_step(self, params: list[torch.Tensor], buffers: list[torch.Tensor | None]) -> None:
-        """``torch.optim.SGD.step`` through its functional form ``torch.optim.sgd.sgd``: the same
-        arithmetic (parameters without a gradient skipped, their momentum kept), but building the
-        optimizer object imports ``torch._dynamo``, 3–4 s in every fresh worker process here."""
-        stepped = [i for i, p in enumerate(params) if p.grad is not None]
-        cfg = self.opt_cfg
-        momenta = [buffers[i] for i in stepped] if cfg.momentum != 0 else []
-        with torch.no_grad():
-            sgd([params[i] for i in stepped], [params[i].grad for i in stepped], momenta,
-                weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr,
-                dampening=0.0, nesterov=False, maximize=False)
-        for i, buffer in zip(stepped, momenta):
-            buffers[i] = buffer
-
     def fit(self, x: torch.Tensor, y: torch.Tensor, *, seed: int,
             trainable: tuple[str, ...] = PARTS, epochs: int | None = None,
             max_steps: int | None = None,
             prox: tuple[torch.Tensor, float] | None = None,
             loss_fn: LossFn = F.cross_entropy,
-            penalty: Callable[[], torch.Tensor] | None = None,
-            after_step: Callable[[], None] | None = None) -> FitResult:
-        """Minibatch SGD on (x, y) for ``epochs`` (default: the federation's local epochs).
+            penalty: Penalty | None = None,
+            after_step: AfterStep | None = None) -> FitResult:
+        """Minibatch SGD on (x, y) for ``epochs`` (default: the federation's local epochs), one
+        client: the schedule and step of ``raylf.sgd`` with a client dimension of one.
 
         ``max_steps`` stops after that many optimizer steps (epochs continue as needed when
         ``epochs`` is not given: Ditto's and FedAvg's "τ local steps" variants).
         ``prox=(anchor, mu)`` adds mu·(w − anchor) to every trained parameter's gradient (the
-        FedProx / Ditto proximal term, anchor given as a full flat vector). ``penalty`` is any
-        extra differentiable term added to the loss each step; ``after_step`` runs (without
-        autograd) after every optimizer step, e.g. a proximal map for a term kept out of the loss.
-        Every fit is logged in ``fits`` (the runtime checks each one for divergence).
+        FedProx / Ditto proximal term, anchor given as a full flat vector). ``penalty`` maps the
+        parameters by name (``Slot.name``) to an extra differentiable term added to the loss
+        each step; ``after_step`` maps them and the learning rate (without autograd) after
+        every optimizer step to new values of some, e.g. a proximal map for a term kept out of
+        the loss. Parameters without a gradient in a step are not stepped and keep their
+        momentum. Every fit is logged in ``fits`` (the runtime checks each one for divergence).
         """
         n = len(y) if torch.is_tensor(y) else len(next(iter(y.values())))
-        if epochs is None:
-            per_epoch = max(1, math.ceil(n / self.batch_size))
-            epochs = (self.local_epochs if max_steps is None
-                      else math.ceil(max_steps / per_epoch))
+        if epochs is None and max_steps is None:
+            epochs = self.local_epochs
         params = [p for part in trainable for p in self._params[part]]
-        buffers: list[torch.Tensor | None] = [None] * len(params)  # momentum, fresh every fit
         for part in PARTS:
             for p in self._params[part]:
                 p.requires_grad_(part in trainable)
+        weights = [p.detach()[None] for p in params]  # the client dimension of one
+        momenta = sgd.zero_momenta(weights, self.opt_cfg)
         anchors = None
         if prox is not None:
-            anchors = [prox[0][self._offsets[id(p)]: self._offsets[id(p)] + p.numel()].view_as(p)
-                       for p in params]
-        gen = torch.Generator().manual_seed(seed)
+            anchors = [prox[0][self._offsets[id(p)]: self._offsets[id(p)] + p.numel()]
+                       .view(1, *p.shape) for p in params]
         seed_global(seed, self.device)
         self.model.train()
         total = torch.zeros((), device=self.device)
         steps = samples = 0
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=gen).to(self.device)
-            for start in range(0, n, self.batch_size):
-                if max_steps is not None and steps >= max_steps:
-                    break
-                idx = order[start: start + self.batch_size]
-                target = y[idx] if torch.is_tensor(y) else {k: v[idx] for k, v in y.items()}
-                loss = loss_fn(self.model(x[idx]), target)
-                objective = loss if penalty is None else loss + penalty()
-                for p in params:
-                    p.grad = None
-                objective.backward()
-                if anchors is not None:
-                    torch._foreach_add_([p.grad for p in params],
-                                        torch._foreach_sub([p.detach() for p in params], anchors),
-                                        alpha=prox[1])
-                if self.opt_cfg.grad_clip is not None:
-                    nn.utils.clip_grad_norm_(params, self.opt_cfg.grad_clip)
-                self._sgd_step(params, buffers)
-                if after_step is not None:
-                    with torch.no_grad():
-                        after_step()
-                total += loss.detach()
-                steps += 1
-                samples += len(idx)
+        orders = sgd.SeededOrders(n, seed, self.device)
+        for idx in sgd.minibatches(orders, n, self.batch_size, sgd.step_count(
+                n, self.batch_size, epochs, max_steps)):
+            target = y[idx] if torch.is_tensor(y) else {k: v[idx] for k, v in y.items()}
+            loss = loss_fn(self.model(x[idx]), target)
+            objective = loss if penalty is None else loss + penalty(self._named)
+            for p in params:
+                p.grad = None
+            objective.backward()
+            stepped = [i for i, p in enumerate(params) if p.grad is not None]
+            sgd.step_(
+                [weights[i] for i in stepped], [params[i].grad[None] for i in stepped],
+                None if momenta is None else [momenta[i] for i in stepped], self.opt_cfg,
+                anchors=None if anchors is None else [anchors[i] for i in stepped],
+                mu=0.0 if prox is None else prox[1])
+            if after_step is not None:
+                with torch.no_grad():
+                    for name, value in after_step(self._named, self.opt_cfg.lr).items():
+                        self._named[name].copy_(value)
+            total += loss.detach()
+            steps += 1
+            samples += len(idx)
         result = FitResult(float(total) / max(steps, 1), steps, samples)
         self.fits.append(result)
         return result

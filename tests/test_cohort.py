@@ -11,6 +11,7 @@ from raylf.config import validate
 from raylf.data import build_federation
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
+from raylf.testing import check_method
 from tests.conftest import small_spec_dict
 
 TOLERANCE = 1e-5  # float rounding of batched kernels; nothing else may differ
@@ -42,7 +43,7 @@ def assert_close(a, b):
             assert_close(a[k], b[k])
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedavg_se", "local"])
+@pytest.mark.parametrize("method", ["fedavg", "fedprox", "fedavg_se", "local", "ditto", "fedsoft"])
 def test_cohorts_match_the_sequential_path(method):
     cohort = runtime(method, "auto")
     assert cohort.coordinator.pool.shards[0].cohort is not None
@@ -71,6 +72,13 @@ def test_multitask_plans_run_in_cohorts():
     assert_close(c_state, trained(runtime("fed_pure_cnn", "off", **spec))[1])
 
 
+def test_penalties_in_the_loss_train_in_cohorts_as_alone():
+    """FMT-SVM's λ/μ terms stepped in the loss (``penalty``) rather than by its proximal map
+    (``after_step``, its default, which the contract suite checks)."""
+    check_method("fmtsvm", params={"penalty_step": "gradient"},
+                 checks=["cohort_training_equals_the_sequential_path"])
+
+
 def test_a_batchnorm_model_trains_one_client_after_another_and_says_why(caplog):
     with caplog.at_level(logging.WARNING, logger="raylf"):
         rt = runtime("fedavg", "auto", model={"name": "resnet18"},
@@ -80,9 +88,7 @@ def test_a_batchnorm_model_trains_one_client_after_another_and_says_why(caplog):
 
 
 def test_methods_with_their_own_update_keep_the_sequential_path():
-    spec = {"dataset": {"name": "digits_multitask"},
-            "scenario": {"name": "multitask_dirichlet", "alpha": 0.5}}
-    assert runtime("fmtsvm", "auto", **spec).coordinator.pool.shards[0].cohort is None
+    assert runtime("ifca", "auto").coordinator.pool.shards[0].cohort is None
 
 
 def test_auto_keeps_convolution_heavy_models_sequential_on_the_cpu_unless_forced():

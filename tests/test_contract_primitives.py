@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from raylf import learning_check, results
 from raylf.config import OptimizerSpec, SpecError, validate
@@ -25,6 +26,7 @@ from raylf.methods.fedavg_se import FedAvgSE
 from raylf.models import MODELS, build_model
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
+from raylf.sgd import step_
 from raylf.storage import STAGING
 from raylf.training import (
     LocalTrainer,
@@ -358,14 +360,15 @@ def test_pooling_before_the_relu_changes_no_output_gradient_or_dead_unit(size):
     assert [type(m) for m in trainer.model.encoder[0]] == [type(m) for m in rewritten.encoder[0]]
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_the_trainer_steps_exactly_as_torch_optim_sgd(momentum):
-    """The trainer uses SGD's functional form; a plain ``torch.optim.SGD`` loop over the same
-    batches (head frozen, weight decay) must end on the same weights, bit for bit."""
+@pytest.mark.parametrize("momentum, grad_clip", [(0.0, None), (0.9, None), (0.9, 0.5)])
+def test_the_trainer_steps_exactly_as_torch_optim_sgd(momentum, grad_clip):
+    """The trainer's step (``raylf.sgd.step_``) uses SGD's functional form and clips per client;
+    a plain ``clip_grad_norm_`` + ``torch.optim.SGD`` loop over the same batches (head frozen,
+    weight decay) must end on the same weights, bit for bit."""
     torch.manual_seed(0)
     model = build_model("mlp", MODELS.get("mlp").Params(hidden=[12]), (1, 4, 4), 3)
     x, y = torch.randn(30, 1, 4, 4), torch.arange(30) % 3
-    cfg = OptimizerSpec(lr=0.1, momentum=momentum, weight_decay=0.01)
+    cfg = OptimizerSpec(lr=0.1, momentum=momentum, weight_decay=0.01, grad_clip=grad_clip)
     reference = copy.deepcopy(model)
     layout = ParamLayout.of(model)
     trainer = LocalTrainer(model, layout, cfg, 8, 2, torch.device("cpu"))
@@ -380,8 +383,31 @@ def test_the_trainer_steps_exactly_as_torch_optim_sgd(momentum):
             idx = order[start: start + 8]
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(reference(x[idx]), y[idx]).backward()
+            if grad_clip is not None:
+                nn.utils.clip_grad_norm_(reference.encoder.parameters(), grad_clip)
             opt.step()
     assert torch.equal(trainer.vector(), model_vector(reference, layout))
+
+
+def test_a_step_of_stacked_clients_is_each_clients_own_step():
+    """``raylf.sgd.step_`` on clients stacked along dim 0 (the cohort's) gives each client the
+    step it takes alone (the trainers' and the per-step runtime's, dimension one), clipping
+    included: the step is per client by construction, not by a test of each path."""
+    torch.manual_seed(0)
+    cfg = OptimizerSpec(lr=0.1, momentum=0.9, weight_decay=0.01, grad_clip=0.5)
+    shapes = [(5, 3), (5,), (2, 5)]
+    weights = [torch.randn(4, *s) for s in shapes]
+    grads = [torch.randn(4, *s) * torch.tensor([0.1, 1, 3, 10]).view(-1, *[1] * len(s))
+             for s in shapes]
+    momenta = [torch.randn(4, *s) for s in shapes]
+    anchors = [torch.randn(4, *s) for s in shapes]
+    alone = [[[t[c: c + 1].clone() for t in tree] for tree in (weights, grads, momenta, anchors)]
+             for c in range(4)]
+    step_(weights, grads, momenta, cfg, anchors=anchors, mu=0.3)
+    for c, (w, g, m, a) in enumerate(alone):
+        step_(w, g, m, cfg, anchors=a, mu=0.3)
+        assert all(torch.equal(x[c: c + 1], y) for x, y in zip(weights, w))
+        assert all(torch.equal(x[c: c + 1], y) for x, y in zip(momenta, m))
 
 
 def test_local_training_leaves_torch_dynamo_unimported():

@@ -12,7 +12,7 @@ from torch import nn
 from raylf.config import OptimizerSpec, SpecError, validate
 from raylf.experiment import run_experiment
 from raylf.methods.base import MethodContext, Uploads
-from raylf.methods.perstep import epoch_batch, sgd_step
+from raylf.methods.perstep import epoch_batch
 from raylf.methods.simplex import minimize_on_simplex, objective, objective_grad, project_simplex
 from raylf.methods.spcacw import (
     SPCACW,
@@ -118,23 +118,26 @@ def test_trace_variance_is_the_sum_of_per_coordinate_variances():
     assert float(trace_variance(total, squares, 1, "trace")) == 0
 
 
-def test_sgd_step_is_torch_sgd_with_clipping():
+def test_a_learner_steps_as_torch_sgd_with_clipping_bit_for_bit():
+    """The per-step runtime's step is the trainers' (``raylf.sgd.step_``): clip_grad_norm_ then
+    ``torch.optim.SGD.step`` on the parameter tensors, exactly."""
     model = tiny_model()
     cfg = OptimizerSpec(lr=0.1, momentum=0.9, weight_decay=0.01, grad_clip=0.5)
+    method = SelfishLocal(SelfishLocal.Params(), context(model, 3))
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=0.01)
     w = torch.cat([p.detach().reshape(-1) for p in params]).clone()
     m = torch.zeros_like(w)
     for step in range(3):
         g = torch.randn_like(w) * (step + 1)
-        w, m = sgd_step(w, m, g, cfg, torch.ones_like(w))
+        w, m = method.step(w, m, g, cfg)
         offset = 0
         for p in params:
             p.grad = g[offset: offset + p.numel()].view_as(p).clone()
             offset += p.numel()
         nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
-    assert torch.allclose(w, torch.cat([p.detach().reshape(-1) for p in params]), atol=1e-6)
+    assert torch.equal(w, torch.cat([p.detach().reshape(-1) for p in params]))
 
 
 def test_epoch_batches_visit_every_sample_once_per_epoch():

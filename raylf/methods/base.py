@@ -46,7 +46,16 @@ from raylf.config import ExperimentSpec
 from raylf.data.federation import ClientData, Federation
 from raylf.models import SplitModel
 from raylf.registry import Registry
-from raylf.training import PARTS, LocalTrainer, LossFn, ParamLayout, weighted_mean
+from raylf.seeding import derive
+from raylf.training import (
+    PARTS,
+    AfterStep,
+    LocalTrainer,
+    LossFn,
+    ParamLayout,
+    Penalty,
+    weighted_mean,
+)
 
 Tensors = dict[str, torch.Tensor]
 
@@ -147,32 +156,57 @@ class Uploads:
 class FitPlan:
     """A local update of the common shape, declared rather than run: start from ``start`` (the
     flat vector assembled from what was received and the personal state), fit the ``trainable``
-    parts on the client's training data with an optional proximal pull ``mu``·(w − ``anchor``),
-    then turn the trained vector into the update with ``finish``. The runtime runs a plan
-    itself — one client at a time, or many in lockstep (cohort training) — so a method that
-    declares its update this way is cohort-trained without any cohort code of its own."""
+    parts on the client's training data, then turn the trained vector into the update with
+    ``finish``. The runtime runs a plan itself — one client at a time, or many in lockstep
+    (cohort training) — so a method that declares its update this way is cohort-trained without
+    any cohort code of its own, and ``raylf.testing`` checks that both give the same result.
+
+    The fit is ``LocalTrainer.fit``'s: ``epochs`` passes (None: the federation's local epochs,
+    or as many as ``max_steps`` take), cut after ``max_steps`` optimizer steps; a proximal pull
+    ``mu``·(w − ``anchor``); ``penalty``, a differentiable term of the parameters added to the
+    loss; ``after_step``, a map of the parameters applied after every step (a proximal map for a
+    term kept out of the loss). Its minibatches are shuffled by the client's round seed, or by
+    ``derive(seed, "method", *seed_stream)`` for a fit that must not repeat another's order.
+    ``finish`` may return the next plan instead of the update: a client's update of several
+    fits (Ditto's personal model, then its copy of the global one) runs them in turn, each
+    stage of a cohort in lockstep."""
 
     start: torch.Tensor
-    finish: Callable[[torch.Tensor], ClientUpdate]
+    finish: Callable[[torch.Tensor], ClientUpdate | FitPlan]
     trainable: tuple[str, ...] = PARTS
     anchor: torch.Tensor | None = None
     mu: float = 0.0
     loss_fn: LossFn = F.cross_entropy
     targets: Literal["labels", "tasks"] = "labels"  # tasks: {task: labels} for multi-task losses
+    epochs: int | None = None
+    max_steps: int | None = None
+    penalty: Penalty | None = None
+    after_step: AfterStep | None = None
+    seed_stream: tuple[int, ...] | None = None
 
     def shape(self) -> tuple:
-        """What clients must share to train in one cohort."""
-        return (self.trainable, self.anchor is not None, self.mu, self.loss_fn, self.targets)
+        """What clients must share to train in one cohort (the anchor, strength, penalty and
+        after-step map are each member's own)."""
+        return (self.trainable, self.anchor is not None, self.loss_fn, self.targets,
+                self.epochs, self.max_steps)
+
+    def seed(self, seed: int) -> int:
+        """The fit's shuffling seed from the client's round seed."""
+        return seed if self.seed_stream is None else derive(seed, "method", *self.seed_stream)
 
 
 def run_plan(trainer: LocalTrainer, plan: FitPlan, data: ClientData, seed: int) -> ClientUpdate:
-    """A plan executed for one client (the sequential path)."""
-    trainer.load(plan.start)
-    targets = data.y_train if plan.targets == "labels" else dict(data.tasks_train)
-    prox = None if plan.anchor is None else (plan.anchor, plan.mu)
-    trainer.fit(data.x_train, targets, seed=seed, trainable=plan.trainable, prox=prox,
-                loss_fn=plan.loss_fn)
-    return plan.finish(trainer.vector())
+    """A plan executed for one client (the sequential path), stage after stage."""
+    step: ClientUpdate | FitPlan = plan
+    while isinstance(step, FitPlan):
+        trainer.load(step.start)
+        targets = data.y_train if step.targets == "labels" else dict(data.tasks_train)
+        prox = None if step.anchor is None else (step.anchor, step.mu)
+        trainer.fit(data.x_train, targets, seed=step.seed(seed), trainable=step.trainable,
+                    epochs=step.epochs, max_steps=step.max_steps, prox=prox,
+                    loss_fn=step.loss_fn, penalty=step.penalty, after_step=step.after_step)
+        step = step.finish(trainer.vector())
+    return step
 
 
 @dataclass
@@ -322,7 +356,9 @@ class Method:
     def local_update(self, trainer: LocalTrainer, payload: Tensors, personal: Any,
                      data: ClientData, seed: int, extra: Any, *, rnd: int) -> ClientUpdate:
         """Train from what was received; by default the method's ``plan``, run for this client.
-        Override for updates of another shape (several fits, gradients, custom steps)."""
+        Override for updates a plan cannot declare: work on the trainer before the fit (a
+        choice among models, a weight learning), gradients without a fit (the per-step
+        methods); the method's docstring then says why."""
         return run_plan(trainer, self.plan(payload, personal, data, extra, rnd=rnd), data, seed)
 
     def report(self, trainer: LocalTrainer, payload: Tensors, personal: Any, data: ClientData,

@@ -3,17 +3,19 @@ client pulled towards the global one, min F_k(v) + (λ/2)‖v − w^t‖².
 
 Each round a participant first trains its personal model v_k (resident on its worker) for
 ``personal_epochs`` with the proximal gradient λ(v_k − w^t) anchored at the received w^t, then
-trains its copy of w^t exactly as FedAvg does and uploads it (n_k-weighted mean). Both are
+trains its copy of w^t exactly as FedAvg does and uploads it (n_k-weighted mean). Both fits are
+one ``FitPlan`` of two stages, so participants train in cohorts; the personal fit shuffles by
+its own stream (``seed_stream``), not repeating the global fit's order. Both are
 evaluated: ``personal`` (v_k, the method's model) and ``global`` (w^t) in separate columns
 (``acc_mean`` and ``acc_mean_global``), never mixed as PFLlib's log does.
 """
 
 from __future__ import annotations
 
+import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, Method, MethodParams, register, score
-from raylf.seeding import derive
+from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register, score
 
 
 class DittoParams(MethodParams):
@@ -46,15 +48,15 @@ class Ditto(Method):
     def client_init(self, cid, init):
         return init.clone()
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def plan(self, payload, personal, data, extra, *, rnd):
+        """v_k's proximal fit, then w^t's plain one (the upload)."""
         anchor = payload["model"]
-        trainer.load(personal)
-        trainer.fit(data.x_train, data.y_train, seed=derive(seed, "method", 0),
-                    epochs=self.params.personal_epochs, prox=(anchor, self.params.lam))
-        personal = trainer.vector()
-        trainer.load(anchor)
-        trainer.fit(data.x_train, data.y_train, seed=seed)
-        return ClientUpdate({"model": trainer.vector()}, personal)
+
+        def global_fit(trained_personal: torch.Tensor) -> FitPlan:
+            return FitPlan(anchor, lambda model: ClientUpdate({"model": model}, trained_personal))
+
+        return FitPlan(personal, global_fit, anchor=anchor, mu=self.params.lam,
+                       epochs=self.params.personal_epochs, seed_stream=(0,))
 
     def deployable(self, payload, personal, extra):
         return personal

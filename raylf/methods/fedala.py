@@ -152,6 +152,11 @@ class FedALA(FedAvg):
         return ala.model(weights), personal | {"weights": weights, "started": True}
 
     def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+        """ALA, then FedAvg's fit from θ̂. Not a ``FitPlan`` (so not trained in cohorts): the
+        start θ̂ comes out of ALA, a gradient loop of its own on the mixing weights W (clipped
+        to [0, 1], no momentum: not local SGD of the model) run on the trainer before the fit,
+        and a plan is declared before the worker runs anything; the fit itself is
+        ``LocalTrainer.fit``'s (``raylf.sgd``)."""
         start, personal = self.adapt(trainer, payload["model"], personal, data, seed)
         trainer.load(start)
         trainer.fit(data.x_train, data.y_train, seed=seed)

@@ -142,6 +142,10 @@ class FedCE(Method):
         return {"prev": init.clone(), "has_prev": False, "score_sum": 0.0, "score_count": 0}
 
     def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+        """Score the minus model, then FedAvg's fit. Not a ``FitPlan`` (so not trained in
+        cohorts): the score dc_k is the minus model's validation accuracy, which takes the
+        trainer, and a plan is declared before the worker runs anything; the fit itself is
+        ``LocalTrainer.fit``'s (``raylf.sgd``)."""
         glob, c = payload["model"], extra
         total, count = personal["score_sum"], personal["score_count"] + 1
         if personal["has_prev"] and len(data.y_val):

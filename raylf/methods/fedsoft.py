@@ -35,7 +35,15 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, Method, MethodParams, register, score, soft_share
+from raylf.methods.base import (
+    ClientUpdate,
+    FitPlan,
+    Method,
+    MethodParams,
+    register,
+    score,
+    soft_share,
+)
 from raylf.methods.ifca import group_means
 from raylf.seeding import stream
 
@@ -133,18 +141,21 @@ class FedSoft(Method):
         return {"model": init.clone(),
                 "importance": torch.full((s,), 1.0 / s, dtype=torch.float64)}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def plan(self, payload, personal, data, extra, *, rnd):
+        """The local model's proximal fit towards c̄_k with strength λ·U_k (each client its own
+        anchor and strength, so cohorts step clients of one strength together)."""
         u = personal["importance"].to(payload["clusters"].dtype)
         total = float(u.sum())
         anchor = (u / total) @ payload["clusters"]
-        trainer.load(personal["model"])
-        trainer.fit(data.x_train, data.y_train, seed=seed, prox=(anchor, self.params.lam * total))
-        model = trainer.vector()
         if self.params.selection:
             weights = (payload["chosen"] == data.cid).any(1).double()
         else:
             weights = personal["importance"] * data.n_train
-        return ClientUpdate({"model": soft_share(model, weights)}, personal | {"model": model})
+
+        def finish(model: torch.Tensor) -> ClientUpdate:
+            return ClientUpdate({"model": soft_share(model, weights)}, personal | {"model": model})
+
+        return FitPlan(personal["model"], finish, anchor=anchor, mu=self.params.lam * total)
 
     def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
         losses = []

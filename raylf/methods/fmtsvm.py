@@ -69,13 +69,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import cache
 from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from raylf.methods.base import ClientUpdate, Method, register
+from raylf.methods.base import ClientUpdate, FitPlan, Method, register
 from raylf.methods.fedavg import FedAvg
 from raylf.methods.multitask import (
     FEATURE_RELU,
@@ -88,11 +89,10 @@ from raylf.methods.multitask import (
     head_outputs,
     head_shape,
     scored,
-    task_targets,
 )
 from raylf.models import SplitModel
 from raylf.privacy import DPParams, privatize, round_report
-from raylf.seeding import derive
+from raylf.seeding import client_seed, derive
 
 
 # ---- server arithmetic -------------------------------------------------------------------------
@@ -265,30 +265,40 @@ class FMTSVM(Method):
         return {"encoder": init[self.ctx.layout.part("encoder")].clone(),
                 "heads": init[self.ctx.layout.part("head")].clone()}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
-        trainer.load(payload.get("encoder", personal["encoder"]), "encoder")
-        trainer.load(payload["heads"], "head")
+    def plan(self, payload, personal, data, extra, *, rnd):
+        """Own encoder (or the synced one) and the global heads, trained on the hinges with the
+        λ/μ terms stepped as ``penalty_step`` says: in the loss (``penalty``) or as the exact
+        proximal map after every step (``after_step``); the heads (noised under DP) go up."""
+        p = self.params
         sigma_inv = torch.linalg.inv(payload["sigma"])
         anchor = self.weights(payload["heads"])
-        p = self.params
-        w = trainer.model.head.weight
-        targets = task_targets(data.tasks_train)
+        layout = self.ctx.layout
+        noise_seed = derive(client_seed(self.ctx.seed, rnd, data.cid), "method")
+
+        def finish(trained: torch.Tensor) -> ClientUpdate:
+            own = {"encoder": trained[layout.part("encoder")].clone(),
+                   "heads": trained[layout.part("head")].clone()}
+            upload = {"heads": own["heads"]}
+            if p.dp.enabled:
+                upload["heads"] = privatize(own["heads"], p.dp, noise_seed)
+            if extra:
+                upload["encoder"] = own["encoder"]
+            return ClientUpdate(upload, own)
+
+        start = torch.cat([payload.get("encoder", personal["encoder"]), payload["heads"]])
         if p.penalty_step == "gradient":
-            def penalty() -> torch.Tensor:
+            def penalty(params) -> torch.Tensor:
+                w = params["head.weight"]
                 return p.lam * covariance_penalty(w, sigma_inv) + p.mu * (w - anchor).pow(2).sum()
 
-            trainer.fit(data.x_train, targets, seed=seed, loss_fn=self.loss, penalty=penalty)
-        else:
-            shrink, pull = penalty_prox(sigma_inv, anchor, p.lam, p.mu, trainer.opt_cfg.lr)
-            trainer.fit(data.x_train, targets, seed=seed, loss_fn=self.loss,
-                        after_step=lambda: w.copy_(shrink @ w + pull))
-        own = {"encoder": trainer.vector("encoder"), "heads": trainer.vector("head")}
-        upload = {"heads": own["heads"]}
-        if p.dp.enabled:
-            upload["heads"] = privatize(own["heads"], p.dp, derive(seed, "method"))
-        if extra:
-            upload["encoder"] = own["encoder"]
-        return ClientUpdate(upload, own)
+            return FitPlan(start, finish, loss_fn=self.loss, targets="tasks", penalty=penalty)
+        prox_map = cache(lambda lr: penalty_prox(sigma_inv, anchor, p.lam, p.mu, lr))
+
+        def after_step(params, lr) -> dict[str, torch.Tensor]:
+            shrink, pull = prox_map(lr)
+            return {"head.weight": shrink @ params["head.weight"] + pull}
+
+        return FitPlan(start, finish, loss_fn=self.loss, targets="tasks", after_step=after_step)
 
     def deployable(self, payload, personal, extra):
         """Own encoder (or the freshly synced one) with the global heads: the paper's model."""

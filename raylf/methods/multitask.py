@@ -150,11 +150,6 @@ class TaskLoss:
         return self.weight * total
 
 
-def task_targets(tasks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The two tasks' labels out of everything a client holds."""
-    return {t: tasks[t] for t in TASKS}
-
-
 # ---- head sizing ---------------------------------------------------------------------------
 @cache
 def _label_counts(dataset: str, params_json: str) -> dict[str, int]:

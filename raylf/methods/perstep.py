@@ -5,14 +5,16 @@ A round is one optimizer step of every *learner* (a client with a model of its o
 targets, every client in FC):
 
 1. ``broadcast``: the learners' weights stacked (T, P);
-2. ``local_update`` on every client: its next minibatch (one pass over its own data per epoch,
-   reshuffled each epoch) and its gradient there at each learner's weights it serves, in one
-   vectorized call (``LocalTrainer.gradients_at``), uploaded as one plain (rows, P) tensor;
+2. ``local_update`` on every client: its next minibatch (``raylf.sgd``'s schedule: one pass
+   over its own data per epoch, reshuffled each epoch) and its gradient there at each learner's
+   weights it serves, in one vectorized call (``LocalTrainer.gradients_at``), uploaded as one
+   plain (rows, P) tensor;
 3. ``aggregate``: from the per-peer gradients, each learner's update direction (the subclass's
    rule: an α-weighted sum, a thresholded cluster mean) and whatever it tracks;
 4. ``collect`` / ``report``: each learner's client receives its direction (``extras``), takes its
-   own optimizer step with ``federation.optimizer`` (lr, momentum kept across steps, weight decay,
-   gradient clipping) and uploads its new weights for the next broadcast.
+   own optimizer step with ``federation.optimizer`` (``raylf.sgd.step_``, the trainers' step:
+   gradient clipping, weight decay, momentum kept across steps, lr) and uploads its new weights
+   for the next broadcast.
 
 Why the learner steps, not the server: the optimizer settings are the client half's (the server
 half never sees them), and a learner owning its model, momentum and data is the papers'
@@ -24,7 +26,6 @@ averaged over the learners' models it served, high by design at the models of ot
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -32,31 +33,15 @@ import torch
 
 from raylf.methods.base import ClientUpdate, Method
 from raylf.seeding import generator
+from raylf.sgd import minibatch, step_
 
 
 def epoch_batch(n: int, batch_size: int, step: int, seed: int, cid: int) -> torch.Tensor:
-    """Indices of client ``cid``'s minibatch at ``step`` (from 1): epochs of ⌈n/B⌉ steps, each a
-    fresh permutation of its n samples, so the client's data is visited once per epoch."""
-    per_epoch = max(1, math.ceil(n / batch_size))
-    epoch, position = divmod(step - 1, per_epoch)
-    order = torch.randperm(n, generator=generator(seed, cid, epoch))
-    return order[position * batch_size: (position + 1) * batch_size]
-
-
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    return max(1, math.ceil(n / batch_size))
-
-
-def sgd_step(w: torch.Tensor, momentum: torch.Tensor, grad: torch.Tensor, cfg,
-             params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One step of ``torch.optim.SGD`` (after ``clip_grad_norm_``) on a flat vector, given its
-    gradient: clip to ``cfg.grad_clip``, add weight decay on the parameter coordinates
-    (``params`` mask; buffers are not decayed), momentum buffer μ·m + d, w − lr·m."""
-    if cfg.grad_clip is not None:
-        grad = grad * min(1.0, cfg.grad_clip / (float(grad.norm()) + 1e-6))
-    d = grad + cfg.weight_decay * w * params
-    momentum = cfg.momentum * momentum + d
-    return w - cfg.lr * momentum, momentum
+    """Indices of client ``cid``'s minibatch at ``step`` (from 1): ``raylf.sgd``'s schedule,
+    each epoch's permutation from a generator of its own (seed, client, epoch), so step r's
+    batch is found without drawing the epochs before it."""
+    return minibatch(lambda epoch: torch.randperm(n, generator=generator(seed, cid, epoch)),
+                     n, batch_size, step - 1)
 
 
 class PeerStepMethod(Method):
@@ -70,13 +55,8 @@ class PeerStepMethod(Method):
         super().__init__(params, ctx)
         self.learners = self.learner_ids()
         self.index = {int(c): k for k, c in enumerate(self.learners)}
-        self.param_mask = torch.zeros(ctx.layout.size)
-        self.has_buffers = False
-        for slot in ctx.layout.slots:
-            if slot.is_param:
-                self.param_mask[slot.offset: slot.offset + slot.numel] = 1.0
-            else:
-                self.has_buffers = True
+        self.param_slots = [s for s in ctx.layout.slots if s.is_param]
+        self.has_buffers = len(self.param_slots) < len(ctx.layout.slots)
 
     # ---- what a subclass defines ----------------------------------------------------------
     def learner_ids(self) -> np.ndarray:
@@ -172,11 +152,24 @@ class PeerStepMethod(Method):
             with torch.no_grad():
                 trainer.model(data.x_train[self.batch(trainer, data, rnd)])
             w = trainer.vector()
-        w, momentum = sgd_step(w, personal["momentum"], extra, trainer.opt_cfg,
-                               self.param_mask.to(w.device))
+        w, momentum = self.step(w, personal["momentum"], extra, trainer.opt_cfg)
         personal = {**personal, "weights": w, "momentum": momentum}
         upload = {"weights": w, **self.learner_report(trainer, personal, data, seed, rnd)}
         return ClientUpdate(upload, personal)
+
+    def step(self, w: torch.Tensor, momentum: torch.Tensor, direction: torch.Tensor,
+             cfg) -> tuple[torch.Tensor, torch.Tensor]:
+        """The learner's new flat weights and momentum after one ``raylf.sgd.step_`` along
+        ``direction``, the step the trainers take with a gradient: on the parameter tensors
+        only (buffers are neither decayed nor moved), with a client dimension of one."""
+        w, momentum, direction = w.clone(), momentum.clone(), direction.to(w.device, copy=True)
+
+        def tensors(flat: torch.Tensor) -> list[torch.Tensor]:
+            return [flat[s.offset: s.offset + s.numel].view(1, *s.shape)
+                    for s in self.param_slots]
+
+        step_(tensors(w), tensors(direction), tensors(momentum) if cfg.momentum else None, cfg)
+        return w, momentum
 
     def deployable(self, payload, personal, extra):
         return personal["weights"]

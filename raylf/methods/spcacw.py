@@ -38,9 +38,10 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from raylf.methods.base import MethodParams, register
-from raylf.methods.perstep import PeerStepMethod, steps_per_epoch
+from raylf.methods.perstep import PeerStepMethod
 from raylf.methods.simplex import minimize_on_simplex
 from raylf.seeding import generator
+from raylf.sgd import epoch_length
 
 
 def smoothness(trainer, x: torch.Tensor, y: torch.Tensor, iters: int,
@@ -246,7 +247,7 @@ class Selfish(PeerStepMethod):
     def learner_report(self, trainer, personal, data, seed, rnd):
         """At the end of each pass over its data, a target of a learned rule estimates L on a
         fresh batch at its new weights and reports (L, κ = lr·L)."""
-        if self.rule != "learned" or rnd % steps_per_epoch(data.n_train, trainer.batch_size):
+        if self.rule != "learned" or rnd % epoch_length(data.n_train, trainer.batch_size):
             return {}
         gen = generator(seed, 0)
         pick = torch.randperm(data.n_train, generator=gen)[: trainer.batch_size]

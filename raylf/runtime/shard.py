@@ -26,10 +26,10 @@ from raylf.cohort import (
     not_worthwhile,
     unsupported_reason,
 )
-from raylf.methods.base import ClientUpdate, Share, score
+from raylf.methods.base import ClientUpdate, FitPlan, Share, score
 from raylf.runtime.blueprint import Blueprint, pick_device
 from raylf.runtime.memory import peak_memory
-from raylf.seeding import derive
+from raylf.seeding import client_seed, derive
 from raylf.storage import filesystem, publish
 from raylf.training import FitResult, tensor_bytes
 from raylf.tree import map_leaves
@@ -181,7 +181,7 @@ class ClientShard:
         read with that round's accuracies (``learning_check.not_learning``), and on other
         rounds it cost the heavy CNN a forward pass per client (2.7 ms of its ~80 ms)."""
         payload = self._to_device(payload)
-        seeds = {int(c): derive(self.seed, "client", rnd, int(c)) for c in client_ids}
+        seeds = {int(c): client_seed(self.seed, rnd, int(c)) for c in client_ids}
         probe = self.is_evaluation_round(rnd)
         done = self._train_cohorts(rnd, payload, client_ids, extras, seeds, probe)
 
@@ -212,36 +212,58 @@ class ClientShard:
         """Every client's (update, fits, dead-ReLU fraction if ``probe``, else None) from cohort
         training, or None when this round trains one client after another (cohorts off, one
         client, a plan-less method, an unsupported model, or plans of different shapes); the
-        first refusal is logged with its reason."""
+        first refusal is logged with its reason. A plan of several stages (``FitPlan.finish``
+        returning the next plan) trains each stage of the cohort in lockstep; cohort training
+        changes nothing until it has finished, so a refusal at any stage leaves the whole round
+        to the sequential path."""
         if self.cohort is None or len(client_ids) < 2 or not self.method.plans_updates:
             return None
         plans = {int(c): self.method.plan(payload, self._to_device(self.personal.get(int(c))),
                                           self.data.client(int(c)), extras.get(int(c)),
                                           rnd=rnd)
                  for c in client_ids}
-        first = next(iter(plans.values()))
-        if len({plan.shape() for plan in plans.values()}) > 1:
-            self._sequential("the participants' plans differ in shape (trainable parts, "
-                             "anchor, loss or targets)")
-            return None
         ids = [int(c) for c in client_ids]
         size = self.cohort.size(self.cohort_setting, len(ids), self.trainer.batch_size,
                                 tuple(self.data.train.x.shape[1:]))
         done: dict[int, tuple] = {}
+        fits: dict[int, list[FitResult]] = {c: [] for c in ids}
         for block in cohorts(len(ids), size):
-            members = [CohortMember(self.data.position[c], plans[c].start, seeds[c],
-                                    plans[c].anchor) for c in ids[block]]
-            try:
-                vectors, fits = self.cohort.fit(
-                    members, self.data.train, first.targets, trainable=first.trainable,
-                    mu=first.mu if first.anchor is not None else 0.0, loss_fn=first.loss_fn)
-            except RuntimeError as err:  # e.g. an op of the loss without a vmap rule
-                self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
-                return None
-            dead = self._cohort_dead_units(ids[block], vectors, members) if probe else \
-                [None] * len(members)
-            for c, vector, fit, fraction in zip(ids[block], vectors, fits, dead):
-                done[c] = (plans[c].finish(vector), [fit], fraction)
+            pending = {c: plans[c] for c in ids[block]}
+            while pending:
+                stage = list(pending)
+                first = pending[stage[0]]
+                if len({plan.shape() for plan in pending.values()}) > 1:
+                    self._sequential("the participants' plans differ in shape (trainable "
+                                     "parts, anchor, loss, targets or length)")
+                    return None
+                members = [CohortMember(self.data.position[c], plan.start, plan.seed(seeds[c]),
+                                        plan.anchor, plan.mu, plan.penalty, plan.after_step)
+                           for c, plan in pending.items()]
+                try:
+                    vectors, results = self.cohort.fit(
+                        members, self.data.train, first.targets, trainable=first.trainable,
+                        loss_fn=first.loss_fn, epochs=first.epochs, max_steps=first.max_steps)
+                except RuntimeError as err:  # e.g. an op of the loss without a vmap rule
+                    self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
+                    return None
+                following = {}
+                for c, vector, fit in zip(stage, vectors, results):
+                    fits[c].append(fit)
+                    # a vector of its own, as the trainer's: a row kept as personal state
+                    # would keep the whole cohort's stack alive, and in its checkpoint
+                    outcome = pending[c].finish(vector.clone())
+                    if isinstance(outcome, FitPlan):
+                        following[c] = outcome
+                    else:
+                        done[c] = (outcome, fits[c], None)
+                finished = [k for k, c in enumerate(stage) if c not in following]
+                if probe and finished:
+                    dead = self._cohort_dead_units([stage[k] for k in finished],
+                                                   vectors[finished],
+                                                   [members[k] for k in finished])
+                    for k, fraction in zip(finished, dead):
+                        done[stage[k]] = done[stage[k]][:2] + (fraction,)
+                pending = following
         return done
 
     def _cohort_dead_units(self, ids: list[int], vectors: torch.Tensor,
