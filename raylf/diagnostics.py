@@ -9,8 +9,9 @@ for "beneficial donor", the beneficial-donor rate, the accuracy gain of the near
 minus that of a random one, and the mean accuracy gain per head-distance quintile.
 
 The clients' encoders and heads come from the last checkpoint of each trial
-(``RUN_DIR/checkpoints/<trial>/round-<r>/worker-*.pt``: a sweep checkpoints the final round),
-for methods whose personal state holds both (``hdcfl``). Rows go to
+(``RUN_DIR/checkpoints/<trial>/round-<r>/worker-*.pt``: a sweep checkpoints the final round and
+keeps it for the methods its ``keep_final_states`` lists), for methods whose personal state holds
+both (``hdcfl``). Rows go to
 ``RUN_DIR/tables/donor_swap/<trial>.parquet``, one per trial × descriptor × target.
 """
 
@@ -192,8 +193,9 @@ def donor_swap(root: str, trial_ids: list[str] | None = None, rank: int | None =
     if not rows:
         raise SpecError([("RUN_DIR", (
             f"no trial under {root} has a checkpoint with every client's encoder and head: run "
-            "hdcfl through python -m raylf.sweep (it checkpoints the final round under "
-            "checkpoints/<trial>/round-<r>/)"))])
+            "hdcfl through python -m raylf.sweep with keep_final_states: [hdcfl] in the sweep "
+            "spec (or --set keep_final_states=[hdcfl]): it keeps the final round's under "
+            "checkpoints/<trial>/round-<r>/"))])
     return pd.DataFrame(rows)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
 import traceback
 import uuid
@@ -11,9 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from raylf import learning_check, results
+from raylf.checkpoints import CheckpointFolders
 from raylf.config import ExperimentSpec
 from raylf.data import build_federation
 from raylf.errors import SpecError
@@ -65,14 +62,17 @@ RoundHook = Callable[[RoundOutcome, Any, Progress, Any], None]
 def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | None = None,
                    trial_id: str | None = None, sweep: str = "", placement=None,
                    on_round: RoundHook | None = None, checkpoint_every: int | None = None,
-                   progress: Progress | None = None, snapshot: Any = None,
-                   reraise: bool = False, extra: dict[str, Any] | None = None) -> ExperimentResult:
+                   checkpoint_last: bool = True, progress: Progress | None = None,
+                   snapshot: Any = None, reraise: bool = False,
+                   extra: dict[str, Any] | None = None) -> ExperimentResult:
     """Run ``spec`` round by round; write the tables under ``out`` whatever the outcome.
 
     ``on_round(outcome, runtime, progress, snapshot)`` runs after every round (progress
     printing, Tune reports); with ``checkpoint_every``, ``snapshot`` is the runtime's checkpoint
-    after every ``checkpoint_every``-th round and the last one (not after a diverged round: the
-    trial ends there), else None. The next round is started before
+    after every ``checkpoint_every``-th round before the last, and after the last one only with
+    ``checkpoint_last`` (not after a diverged round: the trial ends there), else None. A sweep
+    leaves out the last one unless it keeps the final states: the tables follow at once, and
+    after them no resume reads a checkpoint. The next round is started before
     the hook runs (the runtime may overlap it with the hook and the message latency), except
     after a round that is snapshotted. ``progress`` + ``snapshot`` resume a checkpointed
     experiment. ``extra`` adds columns to the trials row (e.g. a sweep's attempt count).
@@ -103,7 +103,8 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
         last = spec.federation.rounds
         checkpoints = CheckpointFolders(out, trial_id)
         for rnd in range(progress.next_round, last + 1):
-            due = checkpoint_every is not None and (rnd == last or rnd % checkpoint_every == 0)
+            due = checkpoint_every is not None and (
+                checkpoint_last if rnd == last else rnd % checkpoint_every == 0)
             outcome = runtime.run_round(rnd, then=None if due or rnd == last else rnd + 1)
             progress.rounds.append(outcome.record)
             progress.clients.extend(outcome.clients)
@@ -154,45 +155,6 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     if failure is not None and reraise:
         raise failure
     return result
-
-
-# Tune keeps this many checkpoints of a trial, and forces an experiment-state snapshot once a
-# trial has saved as many since the last one, so a resume restores one of them; with
-# checkpoint_min_s between checkpoints that stays rarer than Tune's own periodic snapshot.
-CHECKPOINTS_KEPT = 3
-
-
-class CheckpointFolders:
-    """Where workers write personal state for the checkpoint after round r:
-    ``<out>/checkpoints/<trial_id>/round-<r>`` (a temporary folder without ``out``).
-
-    A resumed sweep restores the checkpoint its last experiment snapshot names, which may be the
-    oldest one Tune still keeps, so its folder must outlive it: the trial removes a folder as
-    soon as it reports, before Tune's driver has taken that report and deleted its own oldest
-    checkpoint, hence one folder more than Tune keeps."""
-
-    KEEP = CHECKPOINTS_KEPT + 1
-
-    def __init__(self, out: str | None, trial_id: str):
-        self._temp = None if out is not None else tempfile.mkdtemp(prefix="raylf-ckpt-")
-        self.root = f"{out if out is not None else self._temp}/checkpoints/{trial_id}"
-        self._reported: list[int] = []
-
-    def folder(self, rnd: int) -> str:
-        return f"{self.root}/round-{rnd}"
-
-    def reported(self, rnd: int) -> None:
-        self._reported.append(rnd)
-        fs, _ = results.filesystem(self.root)
-        for old in self._reported[: -self.KEEP]:
-            _, path = results.filesystem(self.folder(old))
-            if fs.get_file_info(path).type != pafs.FileType.NotFound:
-                fs.delete_dir(path)
-        self._reported = self._reported[-self.KEEP:]
-
-    def close(self) -> None:
-        if self._temp is not None:
-            shutil.rmtree(self._temp, ignore_errors=True)
 
 
 def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, status: str,

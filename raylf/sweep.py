@@ -4,8 +4,9 @@ on validation data followed by the chosen points × seeds (``raylf.search_stages
 Each trial is a Tune function trial that reserves one placement-group bundle for itself, one for
 the coordinator and one per client worker; it reports every round, checkpoints every
 ``checkpoint_every`` rounds (at most once per ``checkpoint_min_s``), and writes its own rows of
-the Arrow tables under ``<storage>/<name>/tables/``. A sweep directory that already exists is
-resumed (finished trials are kept, unfinished ones continue from their last checkpoint).
+the Arrow tables under ``<storage>/<name>/tables/``; once they record its end, it drops its
+checkpoints (``raylf.checkpoints``). A sweep directory that already exists is resumed (finished
+trials are kept, unfinished ones continue from their last checkpoint).
 
 The console shows the plan, one line per finished trial and a progress line with an ETA, then
 the leaderboard; ``--verbose`` shows Tune's own tables instead.
@@ -34,10 +35,9 @@ import ray
 import torch
 from ray import tune
 
-from raylf import metrics, results, storage
+from raylf import checkpoints, metrics, results, storage
 from raylf.config import ExperimentSpec, SpecError
 from raylf.estimate import ESTIMATE_ROUNDS
-from raylf.experiment import CHECKPOINTS_KEPT
 from raylf.leaderboard import leaderboard, render
 from raylf.raycluster import Capacity, local_totals
 from raylf.recipes import cluster_recipe
@@ -206,26 +206,34 @@ def _metrics(values: dict[str, Any], objective: str | None) -> dict[str, Any]:
     return report
 
 
-def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int,
-              checkpoint_min_s: float) -> None:
-    """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one."""
+def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoint_min_s: float,
+              keep_final_states: tuple[str, ...]) -> None:
+    """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one;
+    its checkpoints dropped once its tables record its end (the final personal states kept for
+    the methods in ``keep_final_states``)."""
     from raylf.experiment import Progress, RecordedStop, run_experiment
     from raylf.run import enforce_time_budget
 
     trial = stage.trial(config)
     spec, trial_id, root = trial.spec, trial.trial_id, stage.root
+    keep = spec.method.name in keep_final_states
+    tune_dir = f"{stage.path}/{trial_id}"  # Tune's folder of the trial (run_stage names it)
     finished = finished_row(root, trial_id)
+    try:
+        if finished is not None:
+            checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
+        else:
+            attempts = _mark_attempt(root, trial_id)
+    except OSError as err:
+        raise StorageUnwritable(f"cannot write to {root}: {err}") from None
     if finished is not None:
         # Tune may not have persisted this trial's end before the driver died: its tables say
-        # it finished, so report that and do not run it again.
+        # it finished, so report that and do not run it again (what that run had not dropped
+        # yet is dropped above).
         tune.report({"trial_id": trial_id, "round": finished["rounds"], **_metrics(
             {k: v for k, v in finished.items() if k.startswith(("acc_", "val_"))},
             stage.objective)})
         return
-    try:
-        attempts = _mark_attempt(root, trial_id)
-    except OSError as err:
-        raise StorageUnwritable(f"cannot write to {root}: {err}") from None
     progress, snapshot = Progress(), None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None:
@@ -240,7 +248,7 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int,
         nonlocal last_saved
         report = {"trial_id": trial_id, **_metrics(outcome.record, stage.objective)}
         metrics.record(outcome.record)
-        final = prog.next_round > spec.federation.rounds
+        final = prog.next_round > spec.federation.rounds  # a final snapshot: the kept final states
         if snapshot is None or (not final and time.monotonic() - last_saved < checkpoint_min_s):
             tune.report(report)
         else:
@@ -264,8 +272,10 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int,
     try:
         run_experiment(spec, backend="ray", out=root, trial_id=trial_id, sweep=stage.sweep,
                        placement=placement, on_round=on_round, checkpoint_every=checkpoint_every,
-                       progress=progress, snapshot=snapshot,
+                       checkpoint_last=keep, progress=progress, snapshot=snapshot,
                        reraise=True, extra={"attempts": attempts, **stage.extra})
+        if finished_row(root, trial_id) is not None:  # its tables record an end for good
+            checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
     except OSError as err:
         raise StorageUnwritable(f"cannot write to {root}: {err}") from None
 
@@ -835,7 +845,8 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
     console = SweepConsole(stage)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, stage=stage, checkpoint_every=sweep.checkpoint_every,
-                             checkpoint_min_s=sweep.checkpoint_min_s),
+                             checkpoint_min_s=sweep.checkpoint_min_s,
+                             keep_final_states=tuple(sweep.keep_final_states)),
         lambda config: tune.PlacementGroupFactory(
             trial_bundles(stage.trial(config).spec), strategy="PACK"))
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
@@ -843,7 +854,7 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
     run_config = tune.RunConfig(
         name=stage.name, storage_path=stage.storage_path,
         failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
-        checkpoint_config=tune.CheckpointConfig(num_to_keep=CHECKPOINTS_KEPT),
+        checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints.CHECKPOINTS_KEPT),
         callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *trackers,
                    *([] if verbose else [console])],
         verbose=None if verbose else 0)
@@ -864,6 +875,7 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
                 # one costs ~5 CPU-s of imports (torch, Tune, raylf), the bulk of a tiny trial.
                 reuse_actors=True,
                 trial_name_creator=lambda t: stage.trial(t.config).trial_id,
+                # run_trial finds its Tune checkpoints in <stage.path>/<trial_id>
                 trial_dirname_creator=lambda t: stage.trial(t.config).trial_id, **search),
             run_config=run_config)
     console.start(already_finished(stage))

@@ -23,6 +23,7 @@ from raylf.config import (
     ExperimentSpec,
     SpecError,
     Strict,
+    _component_registries,
     _errors,
     load_raw,
     read_yaml,
@@ -35,7 +36,7 @@ from raylf.labels import point_label
 
 SWEEP_FIELDS = ("name", "base", "experiment", "overrides", "grid", "methods", "seeds",
                 "search_seeds", "top_k", "resources", "max_concurrent", "checkpoint_every",
-                "checkpoint_min_s", "max_failures")
+                "checkpoint_min_s", "max_failures", "keep_final_states")
 DISTRIBUTIONS = ("uniform", "loguniform", "choice", "randint", "quniform")
 
 
@@ -186,14 +187,30 @@ class SweepSpec(Strict):
     top_k: int = Field(1, ge=1, description="points per searched method replicated over seeds")
     resources: dict[str, Any] | None = Field(None, description="per-trial resources")
     max_concurrent: int | None = Field(None, ge=1)
-    checkpoint_every: int = Field(5, ge=1, description="rounds between trial checkpoints")
+    checkpoint_every: int = Field(
+        5, ge=1, description="rounds between trial checkpoints (none after the last round, whose "
+                             "tables follow at once, unless keep_final_states lists the method)")
     checkpoint_min_s: float = Field(
-        10.0, ge=0, description="least seconds between two checkpoints of a trial (the last "
-                                "round is always checkpointed): fast rounds would otherwise make "
-                                "Tune snapshot the whole experiment every few rounds")
+        10.0, ge=0, description="least seconds between two checkpoints of a trial: fast rounds "
+                                "would otherwise make Tune snapshot the whole experiment every "
+                                "few rounds")
     max_failures: int = Field(2, ge=0, description="retries of a failed trial (from checkpoint)")
+    keep_final_states: list[str] = Field(
+        default_factory=list, description="methods whose trials keep their final personal "
+        "states (checkpoints/<trial>/round-<last>/, what python -m raylf.diagnostics donor-swap "
+        "reads); every other trial that ended for good leaves no checkpoint behind")
 
     _axes = field_validator("grid")(_check_axes)
+
+    @field_validator("keep_final_states")
+    @classmethod
+    def _known_methods(cls, names: list[str]) -> list[str]:
+        methods = _component_registries()["method"]  # plugins' methods included
+        unknown = [name for name in names if name not in methods]
+        if unknown:
+            raise ValueError(f"unknown method {', '.join(map(repr, unknown))}; allowed: "
+                             f"{', '.join(methods.names())}")
+        return names
 
     @model_validator(mode="after")
     def _one_base(self):

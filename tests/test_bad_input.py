@@ -221,6 +221,8 @@ SWEEPS = [
      "unknown field"),
     ("unknown-method-in-sweep", {"methods": [{"name": "fedsgd"}]}, [], "method.name",
      "allowed: "),
+    ("unknown-method-keeping-final-states", {"keep_final_states": ["hdcf"]}, [],
+     "keep_final_states", "allowed: "),
     ("no-seeds", {"seeds": []}, [], "seeds", "at least 1 item"),
     ("max-concurrent-zero", {}, ["--max-concurrent", "0"], "max_concurrent",
      "greater than or equal to 1"),

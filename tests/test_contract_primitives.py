@@ -17,9 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from raylf import learning_check, results
+from raylf.checkpoints import CheckpointFolders
 from raylf.config import OptimizerSpec, SpecError, validate
 from raylf.data import build_federation
-from raylf.experiment import CheckpointFolders, run_experiment
+from raylf.experiment import run_experiment
 from raylf.methods import METHODS
 from raylf.methods.base import ClientUpdate, share
 from raylf.methods.fedavg_se import FedAvgSE

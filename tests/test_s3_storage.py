@@ -26,7 +26,7 @@ from tests.faults.helpers import (
 from tests.test_sweep import run_sweep, write_sweep
 
 PLUGINS = {"RAYLF_PLUGINS": "tests.plugins.gates"}
-ROUNDS = 2
+ROUNDS = 3  # round 2 is checkpointed (the last round never is)
 CLIENTS = 6  # tests.test_sweep.BASE
 
 
@@ -139,7 +139,8 @@ def test_outage_then_driver_kill_then_rerun_keeps_every_trial_once_on_s3(s3, tmp
     the attempt fails, its retry cannot restore, and the sweep stops naming the storage.
     2. Endpoint back, same command: the trial resumes from its round-1 checkpoint on S3; the
     driver is SIGKILLed while that trial writes its tables (rounds and clients written, trials
-    row not). 3. Same command: both trials, each once."""
+    row not): it keeps its checkpoints. 3. Same command: both trials, each once, and no
+    checkpoint left on S3."""
     gate, table_gate = tmp_path / "round2.gate", tmp_path / "tables.gate"
     spec = write_sweep(
         tmp_path, seeds=[0, 1], max_concurrent=1, max_failures=1, checkpoint_every=1,
@@ -181,6 +182,15 @@ def test_outage_then_driver_kill_then_rerun_keeps_every_trial_once_on_s3(s3, tmp
     assert table_gate.read_text() == held
     assert {i.base_name for i in listing(root, "tables/rounds")} == {f"{held}.parquet"}
     assert not complete_trials(root)
+    # every checkpoint Tune keeps names a personal-state folder on S3 holding whole states
+    objects = s3_objects(root)
+    states = [o for o in objects if o.endswith("/state.pt") and f"/{held}/checkpoint_" in o]
+    assert states
+    for state in states:
+        personal = torch.load(io.BytesIO(read_object(state)), weights_only=True)["personal"]
+        assert personal.startswith(f"{root}/checkpoints/{held}/")
+        assert [o for o in objects if o.startswith(f"{personal}/")] == [f"{personal}/worker-0.pt"]
+        assert torch.load(io.BytesIO(read_object(f"{personal}/worker-0.pt")), weights_only=True)
 
     # 3. the same command again: every trial exactly once
     proc = run_sweep(spec, storage, **PLUGINS, **s3.env())
@@ -201,14 +211,8 @@ def test_outage_then_driver_kill_then_rerun_keeps_every_trial_once_on_s3(s3, tmp
     assert complete_trials(root) == set(trials["trial_id"])
     objects = s3_objects(root)
     assert not [o for o in objects if o.endswith(".tmp")]  # an object store needs no rename
-    # every checkpoint Tune keeps names a personal-state folder on S3 holding whole states
-    states = [o for o in objects if o.endswith("/state.pt") and "/checkpoint_" in o]
-    assert states
-    for state in states:
-        personal = torch.load(io.BytesIO(read_object(state)), weights_only=True)["personal"]
-        assert personal.startswith(f"{root}/checkpoints/")
-        assert [o for o in objects if o.startswith(f"{personal}/")] == [f"{personal}/worker-0.pt"]
-        assert torch.load(io.BytesIO(read_object(f"{personal}/worker-0.pt")), weights_only=True)
+    # both trials ended for good: neither a personal state nor a Tune checkpoint's file is left
+    assert not [o for o in objects if o.startswith(f"{root}/checkpoints/") or "/checkpoint_" in o]
 
     # the report, read from and written to S3
     assert report_main([root]) == 0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -70,6 +71,54 @@ def test_grid_of_gpu_share_trials_completes_with_exact_rows(tmp_path):
     assert "leaderboard" in proc.stdout and "mu=0.1, local_epochs=2" in proc.stdout
     assert f"tables: {tmp_path / 'out' / 't' / 'tables'}/{{trials,rounds,clients,leaderboard}}/" \
         in proc.stdout
+
+
+@pytest.mark.slow
+def test_trials_that_ended_for_good_leave_no_checkpoint_but_the_final_states_kept(tmp_path):
+    """Every trial checkpoints while it runs. Once the sweep is done, a trial that ended for
+    good has neither a personal state nor a file in Tune's checkpoints left; HDC-FL's, whose
+    method keep_final_states lists, keeps its final personal states, which the donor-swap study
+    reads; and a trial that failed keeps its checkpoint, which a rerun resumes from."""
+    from raylf import diagnostics
+
+    rounds = BASE["federation"]["rounds"]
+    spec = write_sweep(
+        tmp_path, checkpoint_every=1, checkpoint_min_s=0, max_failures=0,
+        overrides={"federation.participation": 1.0}, keep_final_states=["hdcfl"],
+        methods=[{"name": "hdcfl", "params": {"groups": 2}}, {"name": "fedavg_se"},
+                 {"name": "faulty_once",
+                  "params": {"fail_round": rounds, "marker": str(tmp_path / "failures")}}],
+        resources={"workers": 1, "cpus_per_worker": 0.5})
+    proc = run_sweep(spec, tmp_path / "out", RAYLF_PLUGINS="tests.plugins.faulty")
+    assert proc.returncode == 1, proc.stderr[-3000:]  # the faulty trial failed for good
+    root = tmp_path / "out" / "t"
+    trials = results.load(root)["trials"].set_index("method")
+    ids = trials["trial_id"].to_dict()
+    assert trials["status"].to_dict() == {"hdcfl": "ok", "fedavg_se": "ok",
+                                          "faulty_once": "failed"}
+
+    def reported(trial_id: str) -> list[str]:
+        """The Tune checkpoints a trial reported, from Tune's own log of its results."""
+        lines = (root / trial_id / "result.json").read_text().splitlines()
+        return [name for line in lines if (name := json.loads(line)["checkpoint_dir_name"])]
+
+    for method in ("hdcfl", "fedavg_se"):
+        assert reported(ids[method])
+        assert list((root / ids[method]).glob("checkpoint_*"))
+        assert not list((root / ids[method]).glob("checkpoint_*/*"))
+    assert not (root / "checkpoints" / ids["fedavg_se"]).exists()
+    kept = root / "checkpoints" / ids["hdcfl"]
+    assert [p.name for p in kept.iterdir()] == [f"round-{rounds}"]
+    assert list((kept / f"round-{rounds}").glob("worker-*.pt"))
+    assert diagnostics.main(["donor-swap", str(root)]) == 0
+    swapped = results.load(root)["donor_swap"]
+    assert set(swapped["trial_id"]) == {ids["hdcfl"]}
+
+    failed = sorted((root / ids["faulty_once"]).glob("checkpoint_*"))
+    assert [p.name for p in failed] == reported(ids["faulty_once"])[-len(failed):]
+    assert (failed[-1] / "state.pt").is_file()
+    progress = json.loads((failed[-1] / "progress.json").read_text())
+    assert progress["next_round"] == rounds  # where a rerun resumes: the round that failed
 
 
 def test_dry_run_counts_trials_and_plans_without_ray(tmp_path):

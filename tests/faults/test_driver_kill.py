@@ -1,5 +1,6 @@
 """The sweep driver SIGKILLed at four points of one sweep, then run again each time: every trial
-ends up exactly once in the tables and a finished trial is never run again."""
+ends up exactly once in the tables, a finished trial is never run again, and once the sweep is
+done no checkpoint is left."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from raylf import results
-from raylf.experiment import CHECKPOINTS_KEPT
+from raylf.checkpoints import CHECKPOINTS_KEPT
 from tests.faults.helpers import (
     attempts,
     complete_trials,
@@ -20,12 +21,13 @@ from tests.faults.helpers import (
 from tests.test_sweep import run_sweep, write_sweep
 
 PLUGINS = {"RAYLF_PLUGINS": "tests.plugins.gates"}
-ROUNDS = 4
+ROUNDS = 5  # checkpoints after rounds 1-4 (the last round has none): more than Tune keeps
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # five driver starts: on a busy 2-core machine near the default 600 s
-def test_driver_killed_at_start_mid_trial_between_trials_and_writing_tables(tmp_path):
+def test_driver_killed_at_start_mid_trial_after_dropping_checkpoints_and_writing_tables(
+        tmp_path):
     mid_trial = tmp_path / "mid-trial.gate"
     spec = write_sweep(
         tmp_path, seeds=[0, 1], max_concurrent=1, checkpoint_every=1, checkpoint_min_s=0,
@@ -53,14 +55,20 @@ def test_driver_killed_at_start_mid_trial_between_trials_and_writing_tables(tmp_
     held = mid_trial.read_text().split("/")[0]
     assert not complete_trials(root)
 
-    # 3. between trials: the first trial's tables are complete, the next has not finished
-    driver = start_sweep(spec, storage, **PLUGINS)
-    wait_for(lambda: complete_trials(root), 180, "the first trial's tables", driver)
+    # 3. between trials: the first trial's tables are complete and it has dropped its
+    # checkpoints, but Tune has not seen it end: the next run restores it from a checkpoint
+    # whose files are gone, and it must only report its tables
+    dropped = tmp_path / "dropped.gate"
+    driver = start_sweep(spec, storage, RAYLF_DROP_GATE=str(dropped), **PLUGINS)
+    wait_for(dropped.exists, 180, "the first trial to drop its checkpoints", driver)
     kill_group(driver)
     finished = complete_trials(root)
-    assert finished == {held}
+    assert finished == {held} == {dropped.read_text()}
     attempts_when_finished = {t: attempts(root, t) for t in finished}
     assert attempts_when_finished[held] == 2  # started in run 2, resumed in run 3
+    assert list(root.glob(f"{held}/checkpoint_*"))  # Tune restores only from a folder it finds
+    assert not list(root.glob(f"{held}/checkpoint_*/*"))
+    assert not (root / "checkpoints" / held).exists()
 
     # 4. while tables are written: the next trial stops before its trials row (written last)
     writing_gate = tmp_path / "tables.gate"
@@ -71,6 +79,13 @@ def test_driver_killed_at_start_mid_trial_between_trials_and_writing_tables(tmp_
     assert (root / "tables" / "rounds" / f"{writing}.parquet").exists()
     assert not (root / "tables" / "trials" / f"{writing}.parquet").exists()
     assert writing not in complete_trials(root)
+    # not finished: a later resume may restore any checkpoint Tune still keeps, and each
+    # still has its personal state
+    kept = [torch.load(state, weights_only=True)
+            for state in root.glob(f"{writing}/checkpoint_*/state.pt")]
+    assert len(kept) == CHECKPOINTS_KEPT
+    for snapshot in kept:
+        assert list(Path(snapshot["personal"]).glob("worker-*.pt")), snapshot["personal"]
 
     # 5. to the end
     proc = run_sweep(spec, storage, "--resume", **PLUGINS)
@@ -87,8 +102,6 @@ def test_driver_killed_at_start_mid_trial_between_trials_and_writing_tables(tmp_
     assert len(clients) == 2 * ROUNDS * 6
     assert not clients.duplicated(["trial_id", "round", "client_id", "task"]).any()
     assert "resuming: 1 of 2 trials already finished" in proc.stdout
-    # a later resume may restore any checkpoint Tune still keeps: each has its personal state
-    kept = [torch.load(state, weights_only=True) for state in root.rglob("checkpoint_*/state.pt")]
-    assert len(kept) >= 2 * CHECKPOINTS_KEPT
-    for snapshot in kept:
-        assert list(Path(snapshot["personal"]).glob("worker-*.pt")), snapshot["personal"]
+    # every trial has ended for good: nothing a resume would read is left
+    assert not list(root.rglob("checkpoint_*/*"))
+    assert not list((root / "checkpoints").rglob("*.pt"))

@@ -49,7 +49,7 @@ def stop(nodes: list[subprocess.Popen], temp_dir: str) -> None:
 def test_job_on_a_head_and_a_worker_node_writes_its_tables_to_s3(s3, tmp_path):
     spec = write_sweep(tmp_path, seeds=[0], checkpoint_every=1, checkpoint_min_s=0,
                        overrides={"federation.rounds": ROUNDS},
-                       methods=[{"name": "fedavg_se"}],
+                       methods=[{"name": "fedavg_se"}], keep_final_states=["fedavg_se"],
                        resources={"workers": 1, "cpus_per_worker": 0.5})
     storage = s3.uri(tmp_path.name)
     base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -96,6 +96,9 @@ def test_job_on_a_head_and_a_worker_node_writes_its_tables_to_s3(s3, tmp_path):
     assert trial["status"] == "ok" and trial["attempts"] == 1
     assert list(tables["rounds"]["round"]) == list(range(1, ROUNDS + 1))
     assert len(tables["clients"]) == ROUNDS * CLIENTS
-    # the head has no CPU: the personal state was written by a worker on the worker node
+    # the head has no CPU: the personal state was written by a worker on the worker node; the
+    # final one is kept (keep_final_states), the earlier ones are gone
+    assert [i.base_name for i in listing(root, f"checkpoints/{trial['trial_id']}")] == [
+        f"round-{ROUNDS}"]
     assert [i.base_name for i in listing(root, f"checkpoints/{trial['trial_id']}/round-{ROUNDS}")
             ] == ["worker-0.pt"]

@@ -5,8 +5,10 @@ whose first client to reach ``gate_round`` creates ``gate_file`` (holding its wo
 name and, on the next line, its node's id) and then waits for ``<gate_file>.release``;
 ``kill_worker`` makes that worker ``ray.kill`` itself instead. With ``$RAYLF_TABLE_GATE`` set,
 the first trial to write its tables stops after its rounds and clients tables and before its
-trials row (written last) in the same way. A gate file that already exists lets everyone
-through, so a resumed attempt passes. Every wait has a deadline.
+trials row (written last) in the same way; with ``$RAYLF_DROP_GATE`` set, the first trial to
+drop its checkpoints (its tables complete) holds right after, before Tune has seen it end. A gate
+file that already exists lets everyone through, so a resumed attempt passes. Every wait has a
+deadline.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from raylf import results
+from raylf import checkpoints, results
 from raylf.methods import METHODS
 from raylf.methods.base import MethodParams
 from raylf.methods.fedavg_se import FedAvgSE
@@ -78,3 +80,14 @@ if os.environ.get("RAYLF_TABLE_GATE") and not getattr(results.write_table, "gate
 
     write_table.gated = True
     results.write_table = write_table
+
+if os.environ.get("RAYLF_DROP_GATE") and not getattr(checkpoints.drop_resume_state, "gated",
+                                                     False):
+    _drop_resume_state = checkpoints.drop_resume_state
+
+    def drop_resume_state(root, trial_id, tune_trial_dir, keep_final_states):
+        _drop_resume_state(root, trial_id, tune_trial_dir, keep_final_states)
+        hold(Path(os.environ["RAYLF_DROP_GATE"]), trial_id)
+
+    drop_resume_state.gated = True
+    checkpoints.drop_resume_state = drop_resume_state
