@@ -376,8 +376,7 @@ class Method:
         """Clients-table rows for one client on ``data``'s evaluation split (``x_test``):
         one row per task and deployable. ``seed`` (of this client, round and split) seeds any
         randomness, e.g. FedBABU's fine-tuning; nothing done here persists."""
-        trainer.load(self.deployable(payload, personal, extra))
-        return [score(trainer.predict(data.x_test), data.y_test)]
+        return [scored_model(trainer, self.deployable(payload, personal, extra), data)]
 
 
 METHODS: Registry[type[Method]] = Registry("method")
@@ -396,3 +395,9 @@ def score(logits: torch.Tensor, y: torch.Tensor, task: str = "main") -> dict[str
     correct = int((logits.argmax(1) == y).sum())
     loss = float(F.cross_entropy(logits, y))
     return {"task": task, "n_test": n, "correct": correct, "accuracy": correct / n, "loss": loss}
+
+
+def scored_model(trainer: LocalTrainer, model: torch.Tensor, data: ClientData) -> dict[str, Any]:
+    """The flat vector ``model`` scored on the client's evaluation split: one row, task main."""
+    trainer.load(model)
+    return score(trainer.predict(data.x_test), data.y_test)

@@ -7,9 +7,9 @@
   heads), the reference for HDC-FL's prototypes, which are group encoders paired with private
   heads.
 
-FedAvg inside fixed groups is also what PACFL runs once its clustering is done: the functions
-below (a client's group model as a per-client extra, its update as a share in its group, the
-scoring) serve both.
+FedAvg inside fixed groups is also what PACFL runs once its clustering is done: both compose
+the functions of ``raylf.methods.shared`` (a client's group model as a per-client extra, its
+update as a share in its group, the scoring).
 """
 
 from __future__ import annotations
@@ -17,33 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, register, score, share
-from raylf.methods.ifca import group_means
-
-
-# ---- FedAvg inside fixed groups (the oracle's and PACFL's) -------------------------------------
-def group_state(init: torch.Tensor, groups: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Every group's model at the common init, and each client's group id (0..G−1)."""
-    return {"models": init.repeat(int(groups.max()) + 1, 1), "cluster": groups}
-
-
-def group_extras(state, client_ids) -> dict[int, dict]:
-    """A client's group id and model (per client, so bytes down count one model each)."""
-    ids = state["cluster"]
-    return {int(c): {"cluster": int(ids[c]), "model": state["models"][ids[c]]}
-            for c in client_ids}
-
-
-def group_plan(extra, data) -> FitPlan:
-    """FedAvg's update from the group model, uploaded as a share of weight n_k in the group."""
-    return FitPlan(extra["model"], lambda trained: ClientUpdate(
-        {"model": share(trained, data.n_train, extra["cluster"])}))
-
-
-def group_rows(trainer, extra, data) -> list[dict]:
-    """The group model scored on the client's evaluation split, with its group id."""
-    trainer.load(extra["model"])
-    return [score(trainer.predict(data.x_test), data.y_test) | {"cluster": extra["cluster"]}]
+from raylf.methods.base import ClientUpdate, FitPlan, Method, register, share
+from raylf.methods.shared import group_extras, group_means, group_plan, group_rows, group_state
 
 
 def latent_group_ids(ctx) -> np.ndarray:
@@ -107,10 +82,7 @@ class ClusteredOracleSE(Method):
         return {int(c): int(self.group_of[int(c)]) for c in client_ids}
 
     def aggregate(self, state, uploads, rnd):
-        encoders = state["encoders"].clone()
-        for g in uploads.groups("encoder"):
-            encoders[g] = uploads.mean("encoder", g)
-        return {"encoders": encoders}, {}
+        return {"encoders": group_means(state["encoders"], uploads, "encoder")}, {}
 
     def client_init(self, cid, init):
         return init[self.ctx.layout.part("head")].clone()

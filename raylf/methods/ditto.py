@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register, score
+from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register
+from raylf.methods.shared import averaged_model, global_model, scored_models, send_model
 
 
 class DittoParams(MethodParams):
@@ -37,13 +38,13 @@ class Ditto(Method):
     deployables = ("personal", "global")
 
     def server_init(self, init):
-        return {"model": init.clone()}
+        return global_model(init)
 
     def broadcast(self, state, rnd):
-        return {"model": state["model"]}
+        return send_model(state)
 
     def aggregate(self, state, uploads, rnd):
-        return {"model": uploads.mean("model")}, {}
+        return averaged_model(uploads), {}
 
     def client_init(self, cid, init):
         return init.clone()
@@ -62,9 +63,5 @@ class Ditto(Method):
         return personal
 
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        rows = []
-        for name, vector in zip(self.deployables, (personal, payload["model"])):
-            trainer.load(vector)
-            rows.append(score(trainer.predict(data.x_test), data.y_test) | {"deployable": name})
-        return rows
+        return scored_models(trainer, zip(self.deployables, (personal, payload["model"])), data)
 

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
 
-from raylf.methods.base import ClientUpdate, MethodParams, register, score
-from raylf.methods.fedavg import FedAvg
+from raylf.methods.base import ClientUpdate, Method, MethodParams, register, scored_model
+from raylf.methods.shared import averaged_model, global_model, send_model
 from raylf.seeding import derive, generator
 from raylf.training import Slot
 
@@ -110,13 +110,25 @@ def offsets(slots: list[Slot]) -> list[int]:
 
 
 @register
-class FedALA(FedAvg):
+class FedALA(Method):
     name = "fedala"
     Params = FedALAParams
     personal_state = True
     smoke_params = {"start_passes": 2}  # the first ALA's passes: 50 ResNet-18 passes per client
     evaluation = "own"  # the ALA-adapted model, not the broadcast one
+    averaged = frozenset({"model"})
 
+    # ---- server half: FedAvg's global model ----------------------------------------------
+    def server_init(self, init):
+        return global_model(init)
+
+    def broadcast(self, state, rnd):
+        return send_model(state)
+
+    def aggregate(self, state, uploads, rnd):
+        return averaged_model(uploads), {}
+
+    # ---- client half ---------------------------------------------------------------------
     @property
     def slots(self) -> list[Slot]:
         return top_slots(self.ctx.layout.slots, self.params.layers)
@@ -168,5 +180,4 @@ class FedALA(FedAvg):
         test and validation splits score the same model."""
         seed = derive(self.ctx.seed, "evaluate", rnd, data.cid)
         start, _ = self.adapt(trainer, payload["model"], personal, data, seed)
-        trainer.load(start)
-        return [score(trainer.predict(data.x_test), data.y_test)]
+        return [scored_model(trainer, start, data)]

@@ -22,7 +22,8 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register, score
+from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register
+from raylf.methods.shared import scored_models
 
 BLOCK = 1 << 20  # parameters per block of the float64 products (N × BLOCK × 8 bytes at most)
 
@@ -193,8 +194,4 @@ class FedAMP(Method):
         return personal
 
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        rows = []
-        for name, vector in zip(self.deployables, (personal, extra)):
-            trainer.load(vector)
-            rows.append(score(trainer.predict(data.x_test), data.y_test) | {"deployable": name})
-        return rows
+        return scored_models(trainer, zip(self.deployables, (personal, extra)), data)

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register
+from raylf.methods.base import Method, MethodParams, register
+from raylf.methods.shared import averaged_model, fit_model, global_model, send_model
 
 
 @register
@@ -16,16 +17,16 @@ class FedAvg(Method):
     averaged = frozenset({"model"})
 
     def server_init(self, init):
-        return {"model": init.clone()}
+        return global_model(init)
 
     def broadcast(self, state, rnd):
-        return {"model": state["model"]}
+        return send_model(state)
 
     def aggregate(self, state, uploads, rnd):
-        return {"model": uploads.mean("model")}, {}
+        return averaged_model(uploads), {}
 
     def plan(self, payload, personal, data, extra, *, rnd):
-        return FitPlan(payload["model"], lambda trained: ClientUpdate({"model": trained}))
+        return fit_model(payload)
 
     def deployable(self, payload, personal, extra):
         return payload["model"]
@@ -43,5 +44,4 @@ class FedProx(FedAvg):
     Params = FedProxParams
 
     def plan(self, payload, personal, data, extra, *, rnd):
-        return replace(super().plan(payload, personal, data, extra, rnd=rnd),
-                       anchor=payload["model"], mu=self.params.mu)
+        return replace(fit_model(payload), anchor=payload["model"], mu=self.params.mu)

@@ -10,7 +10,15 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register, score
+from raylf.methods.base import (
+    ClientUpdate,
+    FitPlan,
+    Method,
+    MethodParams,
+    register,
+    score,
+    scored_model,
+)
 from raylf.training import PARTS, LocalTrainer
 
 
@@ -77,8 +85,7 @@ class FedBABU(Method):
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
         """(φ, h_0) fine-tuned on the client's training split, and (φ, h_0) itself."""
         model = self.deployable(payload, personal, extra)
-        trainer.load(model)
-        rows = [score(trainer.predict(data.x_test), data.y_test) | {"deployable": "global"}]
+        rows = [scored_model(trainer, model, data) | {"deployable": "global"}]
         tuner = self.tuner(trainer)
         tuner.load(model)
         if self.params.finetune_epochs:

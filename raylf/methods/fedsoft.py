@@ -41,10 +41,9 @@ from raylf.methods.base import (
     Method,
     MethodParams,
     register,
-    score,
     soft_share,
 )
-from raylf.methods.ifca import group_means
+from raylf.methods.shared import group_means, scored_models
 from raylf.seeding import stream
 
 
@@ -168,10 +167,6 @@ class FedSoft(Method):
 
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
         u = [float(w) for w in personal["importance"]]
-        rows = []
-        for name, model in (("local", personal["model"]),
-                            ("cluster", payload["clusters"][int(np.argmax(u))])):
-            trainer.load(model)
-            rows.append(score(trainer.predict(data.x_test), data.y_test)
-                        | {"deployable": name, "importance": u})
-        return rows
+        models = (("local", personal["model"]),
+                  ("cluster", payload["clusters"][int(np.argmax(u))]))
+        return [row | {"importance": u} for row in scored_models(trainer, models, data)]

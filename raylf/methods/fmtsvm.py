@@ -68,7 +68,6 @@ clipped at norm 1, 3 of 3 seeds run 10 rounds), so ``tune/fmtsvm_dp.yaml`` clips
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from functools import cache
 from typing import Literal
 
@@ -77,7 +76,6 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from raylf.methods.base import ClientUpdate, FitPlan, Method, register
-from raylf.methods.fedavg import FedAvg
 from raylf.methods.multitask import (
     FEATURE_RELU,
     SOFTMAX,
@@ -90,6 +88,7 @@ from raylf.methods.multitask import (
     head_shape,
     scored,
 )
+from raylf.methods.shared import averaged_model, global_model, send_model, upload_model
 from raylf.models import SplitModel
 from raylf.privacy import DPParams, privatize, round_report
 from raylf.seeding import client_seed, derive
@@ -138,7 +137,7 @@ class FedPureCNNParams(EncoderParams):
 
 
 @register
-class FedPureCNN(FedAvg):
+class FedPureCNN(Method):
     """FedAvg of the whole CNN with softmax heads for both tasks (cross-entropy on each)."""
 
     name = "fed_pure_cnn"
@@ -146,6 +145,7 @@ class FedPureCNN(FedAvg):
     kind = SOFTMAX
     requires = frozenset({"tasks"})
     evaluation = "own"  # rows per task, not the single-task shared evaluation
+    averaged = frozenset({"model"})
 
     @classmethod
     def build_model(cls, spec_model, federation, params) -> SplitModel:
@@ -156,9 +156,20 @@ class FedPureCNN(FedAvg):
         super().__init__(params, ctx)
         self.loss = TaskLoss.of(self.kind, params)
 
+    def server_init(self, init):
+        return global_model(init)
+
+    def broadcast(self, state, rnd):
+        return send_model(state)
+
+    def aggregate(self, state, uploads, rnd):
+        return averaged_model(uploads), {}
+
     def plan(self, payload, personal, data, extra, *, rnd):
-        return replace(super().plan(payload, personal, data, extra, rnd=rnd), loss_fn=self.loss,
-                       targets="tasks")
+        return FitPlan(payload["model"], upload_model, loss_fn=self.loss, targets="tasks")
+
+    def deployable(self, payload, personal, extra):
+        return payload["model"]
 
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
         return scored(trainer, self.kind, self.deployable(payload, personal, extra), data)

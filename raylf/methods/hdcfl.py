@@ -27,7 +27,7 @@ from raylf.methods.base import (
     Method,
     MethodParams,
     register,
-    score,
+    scored_model,
     soft_share,
 )
 from raylf.seeding import stream
@@ -233,12 +233,10 @@ class HDCFL(Method):
         """The mixture row (with its group, memberships and gain over the shared encoder) and
         the shared-encoder row; the rounds table's ``acc_gain_mean`` is the personalization
         gain, acc_mean − acc_mean_shared."""
-        trainer.load(torch.cat([payload["encoder"], personal["head"]]))
-        shared = score(trainer.predict(data.x_test), data.y_test)
+        shared = scored_model(trainer, torch.cat([payload["encoder"], personal["head"]]), data)
         mixed = "prototypes" in payload and extra is not None
         if mixed:
-            trainer.load(self.deployable(payload, personal, extra))
-            mixture = score(trainer.predict(data.x_test), data.y_test)
+            mixture = scored_model(trainer, self.deployable(payload, personal, extra), data)
         else:
             mixture = dict(shared)
         gain = None if shared["accuracy"] is None else mixture["accuracy"] - shared["accuracy"]

@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, Method, MethodParams, register, score, share
+from raylf.methods.base import ClientUpdate, Method, MethodParams, register, scored_model, share
+from raylf.methods.shared import group_means
 from raylf.seeding import generator
 
 
@@ -30,14 +31,6 @@ class IFCAParams(MethodParams):
                                                         "from its own seeded init")
     loss_samples: int = Field(512, ge=1, description="at most this many of a client's training "
                                                       "samples decide its cluster")
-
-
-def group_means(models: torch.Tensor, uploads, key: str = "model") -> torch.Tensor:
-    """``models`` (G, P) with each group that received shares of ``key`` replaced by their
-    weighted mean; a group nobody shared with keeps its model. One copy, however many groups."""
-    chosen = set(uploads.groups(key))
-    return torch.stack([uploads.mean(key, g) if g in chosen else models[g]
-                        for g in range(len(models))])
 
 
 def lowest_loss(trainer, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> int:
@@ -83,5 +76,4 @@ class IFCA(Method):
 
     def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
         cluster = self.choose(trainer, payload["models"], data)
-        trainer.load(payload["models"][cluster])
-        return [score(trainer.predict(data.x_test), data.y_test) | {"cluster": cluster}]
+        return [scored_model(trainer, payload["models"][cluster], data) | {"cluster": cluster}]

@@ -66,8 +66,7 @@ import torch
 from pydantic import Field
 
 from raylf.methods.base import Method, MethodParams, register
-from raylf.methods.clustered_oracle import group_extras, group_plan, group_rows, group_state
-from raylf.methods.ifca import group_means
+from raylf.methods.shared import group_extras, group_means, group_plan, group_rows, group_state
 
 log = logging.getLogger(__name__)
 

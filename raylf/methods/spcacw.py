@@ -30,7 +30,7 @@ and the server holds T·M·P bias estimates.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -113,43 +113,90 @@ class SPCACWParams(SPCACWNoRegParams):
                              "‖Var(g_t)‖², the paper's formula literally (4-5 orders smaller)")
 
 
-class Selfish(PeerStepMethod):
-    """One learner per target; direction Σ_i α_ti g_i with α fixed by ``rule`` or learned."""
+def check_targets(spec) -> list[tuple[str, str]]:
+    """The ``targets`` problems of a selfish method's spec (every one has the parameter)."""
+    targets, n = spec.method.hparams.targets, spec.federation.num_clients
+    if targets == "all" or (targets and len(set(targets)) == len(targets)
+                            and all(0 <= t < n for t in targets)):
+        return []
+    return [("method.params.targets", (
+        f"targets must be distinct client ids in 0..{n - 1} (or all); got {targets}"))]
+
+
+def target_ids(targets: Literal["all"] | list[int], num_clients: int) -> np.ndarray:
+    """The learners of a selfish method: sorted target ids."""
+    return np.arange(num_clients) if targets == "all" else np.array(sorted(targets))
+
+
+def weighted_directions(alpha: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """(T, P) directions Σ_i α_ti g_i from every client's upload ``grads`` (M, T, P), its
+    gradients at each target's weights: the step of SP-CACW and of every reference rule."""
+    peers = grads.transpose(0, 1)  # (T, M, P): target t's peers' gradients at w_t
+    return torch.einsum("tm,tmp->tp", alpha.to(peers.dtype), peers)
+
+
+def local_alpha(targets: np.ndarray, num_clients: int) -> torch.Tensor:
+    """α = e_t: each target on its own gradients only ("Only My Data")."""
+    return F.one_hot(torch.as_tensor(targets), num_clients).double()
+
+
+def uniform_alpha(targets: np.ndarray, num_clients: int) -> torch.Tensor:
+    """α = 1/M for every peer: FedAvg-like, and SP-CACW's start before its first update."""
+    return torch.full((len(targets), num_clients), 1.0 / num_clients, dtype=torch.float64)
+
+
+def oracle_alpha(targets: np.ndarray, latent_groups: np.ndarray) -> torch.Tensor:
+    """Uniform over the peers in the target's true latent cluster."""
+    groups = torch.tensor(latent_groups)
+    same = (groups[torch.as_tensor(targets)][:, None] == groups[None, :]).double()
+    return same / same.sum(1, keepdim=True)
+
+
+class FixedSelfish(PeerStepMethod):
+    """A reference rule: one learner per target stepping along Σ_i α_ti g_i with α fixed by
+    ``alpha``; the same steps, optimizer and data order as SP-CACW, nothing learned."""
 
     Params = SelfishParams
-    rule: ClassVar[str] = "learned"
 
     @classmethod
     def check(cls, spec):
-        targets, n = spec.method.hparams.targets, spec.federation.num_clients
-        if targets == "all" or (targets and len(set(targets)) == len(targets)
-                                and all(0 <= t < n for t in targets)):
-            return []
-        return [("method.params.targets", (
-            f"targets must be distinct client ids in 0..{n - 1} (or all); got {targets}"))]
+        return check_targets(spec)
 
     def learner_ids(self):
-        targets = self.params.targets
-        return np.arange(self.ctx.num_clients) if targets == "all" else np.array(sorted(targets))
+        return target_ids(self.params.targets, self.ctx.num_clients)
 
-    def initial_alpha(self) -> torch.Tensor:
-        m, targets = self.ctx.num_clients, torch.as_tensor(self.learners)
-        if self.rule == "local":
-            return F.one_hot(targets, m).double()
-        if self.rule == "oracle":
-            groups = torch.tensor(self.ctx.latent_groups)
-            same = (groups[targets][:, None] == groups[None, :]).double()
-            return same / same.sum(1, keepdim=True)
-        return torch.full((len(targets), m), 1.0 / m, dtype=torch.float64)
+    def alpha(self) -> torch.Tensor:
+        """The rule's weights (T, M), float64."""
+        raise NotImplementedError
+
+    def server_init(self, init):
+        return super().server_init(init) | {"alpha": self.alpha()}
+
+    def directions(self, state, grads, rnd):
+        return state, weighted_directions(state["alpha"], grads), {}
+
+
+@register
+class SPCACW(PeerStepMethod):
+    """One learner per target stepping along Σ_i α_ti g_i, α learned by Follow-the-Leader on the
+    epoch's quadratic proxy (the module docstring)."""
+
+    name = "spcacw"
+    Params = SPCACWParams
+
+    @classmethod
+    def check(cls, spec):
+        return check_targets(spec)
+
+    def learner_ids(self):
+        return target_ids(self.params.targets, self.ctx.num_clients)
 
     # ---- server half ----------------------------------------------------------------------
     def server_init(self, init):
-        state = super().server_init(init) | {"alpha": self.initial_alpha()}
-        if self.rule != "learned":
-            return state
         t, m, p = len(self.learners), self.ctx.num_clients, init.numel()
         zeros = torch.zeros(t, dtype=torch.float64)
-        return state | {
+        return super().server_init(init) | {
+            "alpha": uniform_alpha(self.learners, m),
             "bias": torch.zeros(t, m, p),
             "gram_b": torch.zeros(t, m, m, dtype=torch.float64),
             "gram_g": torch.zeros(t, m, m, dtype=torch.float64),
@@ -163,10 +210,8 @@ class Selfish(PeerStepMethod):
         }
 
     def directions(self, state, grads, rnd):
+        direction = weighted_directions(state["alpha"], grads)
         peers = grads.transpose(0, 1)  # (T, M, P): target t's peers' gradients at w_t
-        direction = torch.einsum("tm,tmp->tp", state["alpha"].to(peers.dtype), peers)
-        if self.rule != "learned":
-            return state, direction, {}
         own = peers[torch.arange(len(self.learners)), torch.as_tensor(self.learners)]
         beta = self.params.beta
         bias = (1 - beta) * state["bias"] + beta * (peers - own[:, None])
@@ -183,7 +228,7 @@ class Selfish(PeerStepMethod):
 
     def after_reports(self, state, uploads, rnd):
         """α updates of the targets that finished an epoch (they reported their smoothness)."""
-        if self.rule != "learned" or "smoothness" not in uploads:
+        if "smoothness" not in uploads:
             return state, {}
         state = {k: v.clone() if torch.is_tensor(v) else v for k, v in state.items()}
         due = torch.as_tensor([self.index[int(c)] for c in uploads.senders["smoothness"]])
@@ -208,10 +253,9 @@ class Selfish(PeerStepMethod):
         return state, self.update_diagnostics(state, due)
 
     def lam_reg(self, total: torch.Tensor, squares: torch.Tensor, steps: int) -> float:
-        if isinstance(self.params, SPCACWParams):
-            measure = trace_variance(total, squares, steps, self.params.reg_scale)
-            return self.params.gamma * float(measure)
-        return 0.0
+        """λ_reg = γ·(the epoch's variance measure of g_t), from its sums over ``steps``."""
+        measure = trace_variance(total, squares, steps, self.params.reg_scale)
+        return self.params.gamma * float(measure)
 
     def update_diagnostics(self, state, due: list[int]) -> dict[str, float]:
         """The first target's α, support, L, λ_reg when it updated; means over the targets
@@ -233,8 +277,6 @@ class Selfish(PeerStepMethod):
 
     def tables(self, state, rnd):
         """``alpha``: one row per (target, peer) for every target whose α changed this round."""
-        if self.rule != "learned":
-            return {}
         updated = torch.nonzero(state["updated_round"] == rnd).flatten().tolist()
         rows: list[dict[str, Any]] = []
         for k in updated:
@@ -245,9 +287,9 @@ class Selfish(PeerStepMethod):
 
     # ---- client half ----------------------------------------------------------------------
     def learner_report(self, trainer, personal, data, seed, rnd):
-        """At the end of each pass over its data, a target of a learned rule estimates L on a
-        fresh batch at its new weights and reports (L, κ = lr·L)."""
-        if self.rule != "learned" or rnd % epoch_length(data.n_train, trainer.batch_size):
+        """At the end of each pass over its data, a target estimates L on a fresh batch at its
+        new weights and reports (L, κ = lr·L)."""
+        if rnd % epoch_length(data.n_train, trainer.batch_size):
             return {}
         gen = generator(seed, 0)
         pick = torch.randperm(data.n_train, generator=gen)[: trainer.batch_size]
@@ -259,31 +301,36 @@ class Selfish(PeerStepMethod):
 
 
 @register
-class SPCACW(Selfish):
-    name = "spcacw"
-    Params = SPCACWParams
+class SPCACWNoReg(SPCACW):
+    """The ablation without λ_reg: SP-CACW's α on the quadratic proxy alone."""
 
-
-@register
-class SPCACWNoReg(Selfish):
     name = "spcacw_noreg"
     Params = SPCACWNoRegParams
 
+    def lam_reg(self, total, squares, steps):
+        return 0.0
+
 
 @register
-class SelfishLocal(Selfish):
+class SelfishLocal(FixedSelfish):
     name = "selfish_local"
-    rule = "local"
+
+    def alpha(self):
+        return local_alpha(self.learners, self.ctx.num_clients)
 
 
 @register
-class SelfishUniform(Selfish):
+class SelfishUniform(FixedSelfish):
     name = "selfish_uniform"
-    rule = "uniform"
+
+    def alpha(self):
+        return uniform_alpha(self.learners, self.ctx.num_clients)
 
 
 @register
-class SelfishOracle(Selfish):
+class SelfishOracle(FixedSelfish):
     name = "selfish_oracle"
-    rule = "oracle"
     requires = frozenset({"groups"})
+
+    def alpha(self):
+        return oracle_alpha(self.learners, self.ctx.latent_groups)

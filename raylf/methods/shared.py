@@ -1,0 +1,83 @@
+"""Pieces several method families are built from, as small functions of state, uploads and data.
+
+Methods reuse each other through these, never by subclassing another family's method or
+importing from another method's module: FedALA, Ditto and FedPureCNN keep FedAvg's global
+model without being FedAvgs, and IFCA, FedSoft, PACFL and the clustered oracle average their
+group models the same way without one depending on another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from raylf.methods.base import ClientUpdate, FitPlan, Tensors, Uploads, scored_model, share
+
+
+# ---- one global model, n_k-averaged (FedAvg's server half) --------------------------------------
+def global_model(init: torch.Tensor) -> Tensors:
+    """The server's state: one model, at the common init."""
+    return {"model": init.clone()}
+
+
+def send_model(state: Tensors) -> Tensors:
+    """The broadcast: the global model, to every participant."""
+    return {"model": state["model"]}
+
+
+def averaged_model(uploads: Uploads) -> Tensors:
+    """The new global model: the n_k-weighted mean of the uploaded ``model`` shares (a method
+    using this declares ``averaged = frozenset({"model"})``)."""
+    return {"model": uploads.mean("model")}
+
+
+def upload_model(trained: torch.Tensor) -> ClientUpdate:
+    """A fit's update that uploads the trained model and keeps nothing on the client."""
+    return ClientUpdate({"model": trained})
+
+
+def fit_model(payload: Tensors) -> FitPlan:
+    """FedAvg's local update: the received model fitted, then uploaded."""
+    return FitPlan(payload["model"], upload_model)
+
+
+# ---- FedAvg inside fixed groups (IFCA's, FedSoft's, PACFL's and the oracle's models) ------------
+def group_means(models: torch.Tensor, uploads: Uploads, key: str = "model") -> torch.Tensor:
+    """``models`` (G, P) with each group that received shares of ``key`` replaced by their
+    weighted mean; a group nobody shared with keeps its model. One copy, however many groups."""
+    chosen = set(uploads.groups(key))
+    return torch.stack([uploads.mean(key, g) if g in chosen else models[g]
+                        for g in range(len(models))])
+
+
+def group_state(init: torch.Tensor, groups: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every group's model at the common init, and each client's group id (0..G−1)."""
+    return {"models": init.repeat(int(groups.max()) + 1, 1), "cluster": groups}
+
+
+def group_extras(state, client_ids) -> dict[int, dict]:
+    """A client's group id and model (per client, so bytes down count one model each)."""
+    ids = state["cluster"]
+    return {int(c): {"cluster": int(ids[c]), "model": state["models"][ids[c]]}
+            for c in client_ids}
+
+
+def group_plan(extra, data) -> FitPlan:
+    """FedAvg's update from the group model, uploaded as a share of weight n_k in the group."""
+    return FitPlan(extra["model"], lambda trained: ClientUpdate(
+        {"model": share(trained, data.n_train, extra["cluster"])}))
+
+
+def group_rows(trainer, extra, data) -> list[dict]:
+    """The group model scored on the client's evaluation split, with its group id."""
+    return [scored_model(trainer, extra["model"], data) | {"cluster": extra["cluster"]}]
+
+
+# ---- evaluation ---------------------------------------------------------------------------------
+def scored_models(trainer, models: Iterable[tuple[str, torch.Tensor]],
+                  data) -> list[dict[str, Any]]:
+    """One row per named model (the clients table's ``deployable``), for methods evaluated with
+    several (Ditto's personal and global model, FedAMP's personal and cloud model)."""
+    return [scored_model(trainer, model, data) | {"deployable": name} for name, model in models]
