@@ -87,26 +87,31 @@ def smoke(tmp_path, specs):
         env=env(RAYLF_DATA=str(tmp_path / "data"), TORCH_HOME=str(tmp_path / "torch")))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1500)
-def test_every_shipped_spec_passes_its_smoke_run(tmp_path):
-    """Every tune/*.yaml smoke-runs in one sweep (one Ray start, trials two at a time), one
-    configuration per code path, on the smoke stand-ins (no data here): the digits, MNIST,
-    Shakespeare and FMT-SVM specs, and the paper-scale ones with their real models (ResNet-18
-    from stand-in ImageNet weights, MobileNetV2, VGG16) through the real CIFAR pickles and the
-    real weight loading. Every trial ends ok, every row on a downloaded dataset says stand-in,
-    and so does the console; no trial leaves a personal state or a Tune checkpoint's file
-    behind (they once filled the disk: VGG16's for 10 clients are 860 MB a trial)."""
+# the shipped specs by model size: two smoke sweeps, so that the suite's two workers share them
+HEAVY = {"resnet18", "mobilenet_v2", "vgg16_cifar"}
+
+
+def spec_models(path) -> set[str]:
+    sweep, found = load_sweep(path)
+    found += search_plans(sweep, path.parent, str(path))[1] if sweep.searched else []
+    return {t.spec.model.name for t in found}
+
+
+def smoke_every_path(tmp_path, specs, downloaded: tuple[str, ...]):
+    """Smoke-run ``specs`` in one sweep (one Ray start, trials two at a time), one configuration
+    per code path, on the smoke stand-ins (no data here): every trial ends ok, every row on a
+    downloaded dataset says stand-in, and so does the console; no trial leaves a personal state
+    or a Tune checkpoint's file behind (they once filled the disk: VGG16's for 10 clients are
+    860 MB a trial). Returns the trials table."""
     paths = set()
-    for path in SHIPPED:
+    for path in specs:
         sweep, found = load_sweep(path)
         found += search_plans(sweep, path.parent, str(path))[1] if sweep.searched else []
         paths |= {smoke_module.code_path(t.spec) for t in found}
-    proc = smoke(tmp_path, SHIPPED)
+    proc = smoke(tmp_path, specs)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"smoke: {len(paths)} of {len(paths)} configuration(s) ran every round ok" in \
         proc.stdout
-    downloaded = ("mnist", "shakespeare", "cifar10", "cifar100")
     for name in downloaded:
         assert f"STAND-IN DATA: {name}" in proc.stdout
     root = tmp_path / "out" / "smoke"
@@ -115,11 +120,32 @@ def test_every_shipped_spec_passes_its_smoke_run(tmp_path):
     on_downloads = trials["dataset"].isin(downloaded)
     assert set(trials.loc[on_downloads, "data_origin"]) == {"standin"}
     assert set(trials["dataset"]) >= set(downloaded)
+    assert not [p for p in (root / "checkpoints").rglob("*") if p.is_file()]
+    assert not list(root.rglob("checkpoint_*/*"))
+    return trials
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_every_shipped_spec_of_mnist_scale_passes_its_smoke_run(tmp_path):
+    """The digits, MNIST, Shakespeare and FMT-SVM specs (mlp, cnn, char_lstm models)."""
+    specs = [p for p in SHIPPED if not spec_models(p) & HEAVY]
+    assert len(specs) >= 12
+    trials = smoke_every_path(tmp_path, specs, ("mnist", "shakespeare"))
+    assert ("char_lstm", "shakespeare") in {tuple(r) for r in trials[["model", "dataset"]].values}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_every_shipped_spec_of_cifar_scale_passes_its_smoke_run(tmp_path):
+    """The paper-scale specs with their real models (ResNet-18 from stand-in ImageNet weights,
+    MobileNetV2, VGG16) through the real CIFAR pickles and the real weight loading."""
+    specs = [p for p in SHIPPED if spec_models(p) & HEAVY]
+    assert len(specs) >= 8  # the HDC-FL specs and SP-CACW's CIFAR-100
+    trials = smoke_every_path(tmp_path, specs, ("cifar10", "cifar100"))
     assert {("resnet18", "cifar10"), ("resnet18", "cifar100"), ("mobilenet_v2", "cifar10"),
-            ("mobilenet_v2", "cifar100"), ("vgg16_cifar", "cifar100"), ("char_lstm", "shakespeare"),
+            ("mobilenet_v2", "cifar100"), ("vgg16_cifar", "cifar100")
             } <= {tuple(r) for r in trials[["model", "dataset"]].values}
     pretrained = trials.dropna(subset=["model.weights"])
     assert set(pretrained["model"]) == {"resnet18", "mobilenet_v2"}
     assert pretrained["model.weights"].str.endswith("-imagenet-standin.pth").all()
-    assert not [p for p in (root / "checkpoints").rglob("*") if p.is_file()]
-    assert not list(root.rglob("checkpoint_*/*"))
