@@ -16,7 +16,7 @@ import torch
 from pydantic import Field
 
 from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register
-from raylf.methods.shared import averaged_model, global_model, scored_models, send_model
+from raylf.methods.shared import GlobalModelServer, scored_models
 
 
 class DittoParams(MethodParams):
@@ -29,22 +29,12 @@ class DittoParams(MethodParams):
 
 
 @register
-class Ditto(Method):
+class Ditto(GlobalModelServer, Method):
     name = "ditto"
     Params = DittoParams
     personal_state = True
     evaluation = "own"  # the personal and the global model
-    averaged = frozenset({"model"})
     deployables = ("personal", "global")
-
-    def server_init(self, init):
-        return global_model(init)
-
-    def broadcast(self, state, rnd):
-        return send_model(state)
-
-    def aggregate(self, state, uploads, rnd):
-        return averaged_model(uploads), {}
 
     def client_init(self, cid, init):
         return init.clone()

@@ -31,7 +31,7 @@ from pydantic import Field
 from torch.func import functional_call
 
 from raylf.methods.base import ClientUpdate, Method, MethodParams, register, scored_model
-from raylf.methods.shared import averaged_model, global_model, send_model
+from raylf.methods.shared import GlobalModelServer
 from raylf.seeding import derive, generator
 from raylf.training import Slot
 
@@ -110,23 +110,12 @@ def offsets(slots: list[Slot]) -> list[int]:
 
 
 @register
-class FedALA(Method):
+class FedALA(GlobalModelServer, Method):  # server half: FedAvg's global model
     name = "fedala"
     Params = FedALAParams
     personal_state = True
     smoke_params = {"start_passes": 2}  # the first ALA's passes: 50 ResNet-18 passes per client
     evaluation = "own"  # the ALA-adapted model, not the broadcast one
-    averaged = frozenset({"model"})
-
-    # ---- server half: FedAvg's global model ----------------------------------------------
-    def server_init(self, init):
-        return global_model(init)
-
-    def broadcast(self, state, rnd):
-        return send_model(state)
-
-    def aggregate(self, state, uploads, rnd):
-        return averaged_model(uploads), {}
 
     # ---- client half ---------------------------------------------------------------------
     @property

@@ -7,23 +7,13 @@ from dataclasses import replace
 from pydantic import Field
 
 from raylf.methods.base import Method, MethodParams, register
-from raylf.methods.shared import averaged_model, fit_model, global_model, send_model
+from raylf.methods.shared import GlobalModelServer, fit_model
 
 
 @register
-class FedAvg(Method):
+class FedAvg(GlobalModelServer, Method):
     name = "fedavg"
     evaluation = "shared"
-    averaged = frozenset({"model"})
-
-    def server_init(self, init):
-        return global_model(init)
-
-    def broadcast(self, state, rnd):
-        return send_model(state)
-
-    def aggregate(self, state, uploads, rnd):
-        return averaged_model(uploads), {}
 
     def plan(self, payload, personal, data, extra, *, rnd):
         return fit_model(payload)

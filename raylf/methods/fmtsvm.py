@@ -88,7 +88,7 @@ from raylf.methods.multitask import (
     head_shape,
     scored,
 )
-from raylf.methods.shared import averaged_model, global_model, send_model, upload_model
+from raylf.methods.shared import GlobalModelServer, upload_model
 from raylf.models import SplitModel
 from raylf.privacy import DPParams, privatize, round_report
 from raylf.seeding import client_seed, derive
@@ -137,7 +137,7 @@ class FedPureCNNParams(EncoderParams):
 
 
 @register
-class FedPureCNN(Method):
+class FedPureCNN(GlobalModelServer, Method):
     """FedAvg of the whole CNN with softmax heads for both tasks (cross-entropy on each)."""
 
     name = "fed_pure_cnn"
@@ -145,7 +145,6 @@ class FedPureCNN(Method):
     kind = SOFTMAX
     requires = frozenset({"tasks"})
     evaluation = "own"  # rows per task, not the single-task shared evaluation
-    averaged = frozenset({"model"})
 
     @classmethod
     def build_model(cls, spec_model, federation, params) -> SplitModel:
@@ -155,15 +154,6 @@ class FedPureCNN(Method):
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         self.loss = TaskLoss.of(self.kind, params)
-
-    def server_init(self, init):
-        return global_model(init)
-
-    def broadcast(self, state, rnd):
-        return send_model(state)
-
-    def aggregate(self, state, uploads, rnd):
-        return averaged_model(uploads), {}
 
     def plan(self, payload, personal, data, extra, *, rnd):
         return FitPlan(payload["model"], upload_model, loss_fn=self.loss, targets="tasks")

@@ -33,6 +33,24 @@ def averaged_model(uploads: Uploads) -> Tensors:
     return {"model": uploads.mean("model")}
 
 
+class GlobalModelServer:
+    """FedAvg's server half as one piece: one global model, broadcast to every participant,
+    replaced by the n_k-weighted mean of the uploads. FedAvg, FedALA, Ditto and FedPureCNN put
+    it before ``Method`` in their bases and write only their client half; it is a server half,
+    not a family, so none of them is a FedAvg."""
+
+    averaged = frozenset({"model"})
+
+    def server_init(self, init):
+        return global_model(init)
+
+    def broadcast(self, state, rnd):
+        return send_model(state)
+
+    def aggregate(self, state, uploads, rnd):
+        return averaged_model(uploads), {}
+
+
 def upload_model(trained: torch.Tensor) -> ClientUpdate:
     """A fit's update that uploads the trained model and keeps nothing on the client."""
     return ClientUpdate({"model": trained})
