@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from raylf.experiment import run_experiment  # noqa: E402
-from raylf.sweepspec import load_sweep  # noqa: E402
+from raylf.sweep.spec import load_sweep  # noqa: E402
 
 SWEEP = {
     "name": "cheap",

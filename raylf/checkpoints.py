@@ -5,7 +5,7 @@ A sweep trial checkpoints in two places: Tune's checkpoint (``progress.json`` an
 ``state.pt``, in Tune's trial folder ``<experiment>/<trial_id>/checkpoint_<n>/``), and the
 personal state that each client worker writes itself (``<root>/checkpoints/<trial_id>/round-<r>/``),
 which ``state.pt`` names. Only a resume of the trial reads them, and a trial whose tables record
-an end for good is never resumed (``raylf.sweep.finished_row``), so then they go
+an end for good is never resumed (``raylf.sweep.trial.finished_row``), so then they go
 (:func:`drop_resume_state`): a paper-scale trial's personal states are hundreds of MB (VGG16 for
 10 clients: 860 MB). Kept only when asked for: the latest personal state of a trial whose
 method the sweep lists in ``keep_final_states`` (the donor-swap study reads it).

@@ -67,7 +67,7 @@ def standin_notice(spec: ExperimentSpec) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from raylf.sweepspec import check_runnable
+    from raylf.preflight import check_runnable
 
     try:
         spec = load_spec(args.spec, args.overrides)

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import yaml
 
-from raylf import run, sweep
+from raylf import run
+from raylf.sweep import cli as sweep_cli
 from tests.conftest import small_spec_dict
 from tests.test_sweep import ROOT, env, write_sweep
 
@@ -238,7 +239,7 @@ SWEEPS = [
                          ids=[c[0] for c in SWEEPS])
 def test_bad_sweep(ray_cluster, tmp_path, capsys, fields, extra, field, fix):
     storage = tmp_path / "out"
-    code = sweep.main([str(write_sweep(tmp_path, **fields)), "--storage", str(storage), *extra])
+    code = sweep_cli.main([str(write_sweep(tmp_path, **fields)), "--storage", str(storage), *extra])
     assert_refused(code, capsys.readouterr().err, field, fix,
                    storage / "t" / "tables", storage / "t" / "sweep.json")
 
@@ -246,7 +247,7 @@ def test_bad_sweep(ray_cluster, tmp_path, capsys, fields, extra, field, fix):
 def test_missing_base_spec(tmp_path, capsys):
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump({"name": "t", "base": "nowhere.yaml"}))
-    code = sweep.main([str(path), "--storage", str(tmp_path / "out")])
+    code = sweep_cli.main([str(path), "--storage", str(tmp_path / "out")])
     assert_refused(code, capsys.readouterr().err, "base", "base spec not found: nowhere.yaml",
                    tmp_path / "out")
 
@@ -255,7 +256,7 @@ def test_sweep_directory_holding_another_sweep(ray_cluster, tmp_path, capsys):
     folder = tmp_path / "out" / "t"
     folder.mkdir(parents=True)
     (folder / "sweep.json").write_text(json.dumps({"trial_ids": ["t-other-s0-0123456789"]}))
-    code = sweep.main([str(write_sweep(tmp_path)), "--storage", str(tmp_path / "out")])
+    code = sweep_cli.main([str(write_sweep(tmp_path)), "--storage", str(tmp_path / "out")])
     assert_refused(code, capsys.readouterr().err, "name", "choose another --name or --storage",
                    folder / "tables")
 
@@ -264,14 +265,14 @@ def test_unwritable_storage_path(ray_cluster, tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     spec = write_sweep(tmp_path, resources={"workers": 1, "cpus_per_worker": 0.5})
-    code = sweep.main([str(spec), "--storage", str(blocker / "out")])
+    code = sweep_cli.main([str(spec), "--storage", str(blocker / "out")])
     assert_refused(code, capsys.readouterr().err, "--storage", "choose a writable --storage",
                    blocker / "out")
 
 
 def test_impossible_resources_for_a_sweep(ray_cluster, tmp_path, capsys):
     spec = write_sweep(tmp_path, resources={"workers": 2, "cpus_per_worker": 4})
-    code = sweep.main([str(spec), "--storage", str(tmp_path / "out")])
+    code = sweep_cli.main([str(spec), "--storage", str(tmp_path / "out")])
     assert_refused(code, capsys.readouterr().err, "resources", "the Ray cluster has 2",
                    tmp_path / "out")
 

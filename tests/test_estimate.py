@@ -7,17 +7,17 @@ import re
 
 import pytest
 
-from raylf import estimate
 from raylf.config import SpecError
 from raylf.data import standin
-from raylf.smoke import configuration
+from raylf.sweep import estimate
+from raylf.sweep.smoke import configuration
 from tests.test_sweep import ROOT, run_sweep
 
 MAIN = ROOT / "tune" / "hdcfl_main.yaml"
 
 
 def main_trials():
-    from raylf.sweepspec import load_sweep
+    from raylf.sweep.spec import load_sweep
 
     return load_sweep(MAIN)[1]
 

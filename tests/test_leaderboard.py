@@ -1,7 +1,7 @@
 from types import SimpleNamespace
 
 from raylf import results
-from raylf.leaderboard import leaderboard, render
+from raylf.sweep.leaderboard import leaderboard, render
 
 
 def trial_row(tid, method, dataset, acc, seed=0):

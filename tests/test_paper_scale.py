@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from raylf import results
-from raylf import smoke as smoke_module
 from raylf.recipes import cluster_recipe
-from raylf.sweepspec import load_sweep, search_plans
+from raylf.sweep import smoke as smoke_module
+from raylf.sweep.spec import load_sweep, search_plans
 from tests.test_sweep import ROOT, env, run_sweep
 
 SHIPPED = sorted((ROOT / "tune").glob("*.yaml"))
@@ -58,7 +58,7 @@ def test_a_file_that_is_no_recipe_is_refused(tmp_path):
 
 
 def test_experiment_spec_runs_as_a_one_trial_sweep():
-    from raylf.sweepspec import load_sweep
+    from raylf.sweep.spec import load_sweep
 
     sweep, trials = load_sweep(ROOT / "tune" / "hdcfl_base.yaml")
     assert len(trials) == 1 and trials[0].spec.seed == 42 and sweep.name == "hdcfl"

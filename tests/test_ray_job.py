@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from raylf import results
-from raylf.sweepspec import load_sweep
+from raylf.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).parent / "ray")

@@ -21,10 +21,10 @@ import pytest
 from raylf import report, results
 from raylf.config import load_spec
 from raylf.experiment import run_experiment
-from raylf.leaderboard import leaderboard
-from raylf.leaderboard import render as render_board
 from raylf.report import figures, render, tables
 from raylf.report.__main__ import main
+from raylf.sweep.leaderboard import leaderboard
+from raylf.sweep.leaderboard import render as render_board
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "tune" / "examples"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -533,14 +533,14 @@ def test_compacted_tables_read_unchanged_by_pandas_polars_and_duckdb(tiny_sweep,
 
 def test_the_report_and_the_leaderboard_stand_on_results_alone():
     """Reading tables needs neither the methods nor torch, Ray or the sweep layer: a fresh
-    interpreter importing ``raylf.report`` and ``raylf.leaderboard`` loads none of them."""
+    interpreter importing ``raylf.report`` and ``raylf.sweep.leaderboard`` loads none of them."""
     import subprocess
     import sys
 
-    code = ("import sys, raylf.report, raylf.report.__main__, raylf.leaderboard; "
+    code = ("import sys, raylf.report, raylf.report.__main__, raylf.sweep.leaderboard; "
             "print(' '.join(sorted(sys.modules)))")
     loaded = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                 check=True).stdout.split())
-    for name in ("raylf.methods", "raylf.experiment", "raylf.sweepspec", "raylf.runtime",
+    for name in ("raylf.methods", "raylf.experiment", "raylf.sweep.spec", "raylf.runtime",
                  "raylf.training", "torch", "ray"):
         assert name not in loaded, f"reading results imports {name}"

@@ -13,8 +13,9 @@ import pyarrow.fs as pafs
 import pytest
 import torch
 
-from raylf import results, storage, sweep
+from raylf import results, storage
 from raylf.report.__main__ import main as report_main
+from raylf.sweep import cli as sweep_cli
 from tests.faults.helpers import (
     attempts,
     complete_trials,
@@ -33,7 +34,7 @@ CLIENTS = 6  # tests.test_sweep.BASE
 def test_a_query_string_in_storage_is_refused_naming_the_environment(tmp_path, capsys):
     spec = write_sweep(tmp_path)
     storage = "s3://bucket/sweeps?endpoint_override=127.0.0.1:1&scheme=http"
-    assert sweep.main([str(spec), "--storage", storage]) == 2
+    assert sweep_cli.main([str(spec), "--storage", storage]) == 2
     err = capsys.readouterr().err
     assert "--storage:" in err and "AWS_ENDPOINT_URL" in err and "Traceback" not in err
 

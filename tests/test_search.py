@@ -14,7 +14,7 @@ import yaml
 from ray import tune
 
 from raylf import results
-from raylf.search import (
+from raylf.sweep.search import (
     RecordedASHA,
     SearchStage,
     choose,
@@ -23,8 +23,8 @@ from raylf.search import (
     stop_mark,
     write_choices,
 )
-from raylf.search_stages import GridStage
-from raylf.sweepspec import SweepSpec, expand, search_plans
+from raylf.sweep.spec import SweepSpec, expand, search_plans
+from raylf.sweep.stages import GridStage
 from tests.faults.helpers import attempts, complete_trials, kill_group, start_sweep, wait_for
 from tests.test_sweep import run_sweep
 
@@ -73,7 +73,7 @@ def write(tmp_path: Path, sweep: dict) -> Path:
 ])
 def test_bad_search_specs_exit_2_naming_the_field_before_anything_starts(
         tmp_path, capsys, search, fields, where, words):
-    from raylf.sweep import main
+    from raylf.sweep.cli import main
 
     name = fields.pop("_method", "fedavg_se")
     spec = write(tmp_path, sweep_dict(search, name, **fields))
@@ -86,7 +86,7 @@ def test_bad_search_specs_exit_2_naming_the_field_before_anything_starts(
 def test_a_missing_tracker_package_is_a_spec_error_naming_the_extra(tmp_path, capsys):
     import importlib.util
 
-    from raylf.sweep import main
+    from raylf.sweep.cli import main
 
     if importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here")

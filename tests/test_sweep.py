@@ -163,7 +163,7 @@ def test_plugins_reach_the_workers_of_a_joined_cluster(ray_cluster, tmp_path):
 def test_trial_metrics_accept_a_round_record(ray_cluster):
     @ray_cluster.remote(num_cpus=0.1)
     def record_rounds():
-        from raylf.sweep import TrialMetrics
+        from raylf.sweep.trial import TrialMetrics
 
         metrics = TrialMetrics("t", "t-fedavg-s0-0123456789", "fedavg")
         metrics.record({"round": 1, "bytes_up": 10, "bytes_down": 0, "loss": 0.5})
@@ -190,9 +190,9 @@ def test_console_prints_a_line_per_finished_trial_and_colours_only_terminals(tmp
     import io
 
     from raylf.experiment import run_experiment
-    from raylf.search_stages import GridStage
-    from raylf.sweep import SweepConsole
-    from raylf.sweepspec import load_sweep
+    from raylf.sweep.console import SweepConsole
+    from raylf.sweep.spec import load_sweep
+    from raylf.sweep.stages import GridStage
 
     _, trials = load_sweep(write_sweep(tmp_path, seeds=[0, 1]))
     done = trials[0]
@@ -227,9 +227,9 @@ def test_console_line_of_a_multi_task_trial_shows_its_reported_model_per_task(tm
     import io
 
     from raylf import results
-    from raylf.search_stages import GridStage
-    from raylf.sweep import SweepConsole
-    from raylf.sweepspec import load_sweep
+    from raylf.sweep.console import SweepConsole
+    from raylf.sweep.spec import load_sweep
+    from raylf.sweep.stages import GridStage
 
     _, trials = load_sweep(write_sweep(tmp_path))
     done = trials[0]

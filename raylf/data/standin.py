@@ -80,9 +80,9 @@ SIZES = {
     "preset": Size({"mnist": (100, 20), "fashion_mnist": (100, 20), "cifar10": (100, 20),
                     "cifar100": (10, 2), "pneumonia": (30,), "breast_ultrasound": (30,)},
                    plays=10, speeches=(4, 8)),
-    # a smoke run's (raylf.smoke: at most 10 clients, 2 of them training per round): the least
-    # that builds every configuration of tune/*.yaml with 10 clients (checked 2026-12-03), so a
-    # ResNet-18 on a CPU trains seconds per trial; 2 speeches a role leave about two thirds of
+    # a smoke run's (raylf.sweep.smoke: at most 10 clients, 2 of them training per round): the
+    # least that builds every configuration of tune/*.yaml with 10 clients (checked 2026-12-03),
+    # so a ResNet-18 on a CPU trains seconds per trial; 2 speeches a role leave about two thirds of
     # the 98 roles above 150 windows, enough for 10 clients of 7 roles (seeds 0-2, checked
     # 2026-12-03), with half the characters per client of 3-4 speeches over 70 roles: the
     # CharLSTM paths were 2/3 of the suite's smoke run

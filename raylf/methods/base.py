@@ -255,8 +255,8 @@ class Method:
     """What the scenario must provide: ``tasks`` (a multi-task dataset), ``groups`` (latent
     group labels, for oracles). Checked before anything starts."""
     smoke_params: ClassVar[dict[str, int]] = {}
-    """Caps a smoke run (raylf.smoke) puts on parameters that count extra work (passes, epochs)
-    without changing which code runs: each parameter set above its cap is lowered to it."""
+    """Caps a smoke run (raylf.sweep.smoke) puts on parameters that count extra work (passes,
+    epochs) without changing which code runs: each parameter set above its cap is lowered to it."""
 
     def __init__(self, params: MethodParams, ctx: MethodContext):
         self.params = params

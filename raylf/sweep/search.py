@@ -30,7 +30,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.repeater import TRIAL_INDEX
 
 from raylf import results, seeding
-from raylf.sweepspec import Distribution, SearchPlan, Trial
+from raylf.sweep.spec import Distribution, SearchPlan, Trial
 
 SELECTION = "selection"  # the table of chosen points, next to the search trials' tables
 

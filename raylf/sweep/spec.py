@@ -1,10 +1,11 @@
 """Sweep specs: a base experiment, grid axes (shared and per method), seeds → validated trials.
 
 Every expanded trial is validated exactly like a single experiment before anything starts, and
-problems name the sweep field they came from; :func:`check_runnable` then builds each trial's
-data once, so a missing dataset or an impossible partition is a spec error, not a failed trial.
+problems name the sweep field they came from; ``raylf.preflight.check_runnable`` then builds
+each trial's data once, so a missing dataset or an impossible partition is a spec error, not a
+failed trial.
 A method with a ``search`` block is not expanded: it becomes a :class:`SearchPlan` (stage 1 of
-a two-stage sweep, see ``raylf.search``) whose bounds are validated the same way.
+a two-stage sweep, see ``raylf.sweep.search``) whose bounds are validated the same way.
 """
 
 from __future__ import annotations
@@ -244,7 +245,6 @@ class Trial:
         return f"{method} seed={self.spec.seed}"
 
 
-
 @dataclass(frozen=True)
 class SearchPlan:
     """A searched method: stage 1 evaluates its points on ``seeds``; :meth:`trial` turns one
@@ -386,8 +386,8 @@ def search_plans(sweep: SweepSpec, folder: Path = Path("."),
                  source: str | None = None) -> tuple[list[SearchPlan], list[Trial]]:
     """The searched methods' plans, and the trials that stand for each plan's bounds (every
     end of every distribution, every choice, every grid point, on every search seed): they are
-    validated here and their data built by :func:`check_runnable`, so a search cannot fail on a
-    value its space allows."""
+    validated here and their data built by ``raylf.preflight.check_runnable``, so a search
+    cannot fail on a value its space allows."""
     base = _resolved_base(sweep, folder, source)
     plans: list[SearchPlan] = []
     probes: list[Trial] = []
@@ -449,87 +449,3 @@ def _search_problems(where: str, search: SearchSpec,
             f"{scheduler.grace_rounds} leaves ASHA nothing to stop in {fewest} rounds; give "
             f"fewer than {fewest}")))
     return problems
-
-
-@dataclass(frozen=True)
-class DataCheck:
-    """What :func:`check_runnable` found about the data: the datasets still to fetch (only when
-    they were allowed to be missing) and where each loaded dataset's data come from."""
-
-    missing: dict[str, str]  # dataset name → the cache root it was looked for in
-    origins: dict[str, str]  # dataset name → SourceData.origin (real, standin, bundled, …)
-
-    def standins(self) -> list[str]:
-        return sorted(name for name, origin in self.origins.items() if origin == "standin")
-
-
-def check_runnable(specs: list[ExperimentSpec], missing_ok: bool = False) -> DataCheck:
-    """Build every spec's data and method once, before anything starts: a dataset that is not
-    fetched, an unreadable file or a partition that leaves a client without data is reported
-    like any other spec error (each dataset is loaded once, however many trials share it).
-    With ``missing_ok`` (a plan, not a run) a dataset that is not fetched yet is listed in the
-    result instead; its trials' partitions are then not checked."""
-    from raylf.data import build_federation
-    from raylf.data.cache import DatasetMissing, data_root
-    from raylf.data.manifest import DatasetError
-    from raylf.data.sources import load_source
-    from raylf.runtime.blueprint import Blueprint
-
-    sources: dict[str, Any] = {}
-    methods_checked: set[str] = set()
-    problems: list[tuple[str, str]] = []
-    missing: dict[str, str] = {}
-    origins: dict[str, str] = {}
-    for spec in specs:
-        key = json.dumps([spec.dataset.name, spec.dataset.params.model_dump(mode="json")])
-        if key not in sources:
-            try:
-                sources[key] = load_source(spec.dataset.name, spec.dataset.params)
-                origins[spec.dataset.name] = getattr(sources[key], "origin", "unknown")
-            except DatasetMissing as err:
-                sources[key] = None
-                if missing_ok:
-                    missing[spec.dataset.name] = str(data_root(getattr(spec.dataset.params,
-                                                                       "root", None)))
-                else:
-                    problems.append(_dataset_problem(spec, err))
-            except (DatasetError, ValueError, OSError) as err:
-                sources[key] = None
-                problems.append(_dataset_problem(spec, err))
-        if sources[key] is None:
-            continue
-        try:
-            federation = build_federation(spec, sources[key])
-        except SpecError as err:
-            problems += err.problems
-            continue
-        except ValueError as err:
-            problems.append(("scenario", (
-                f"{spec.scenario.name} with federation.num_clients={spec.federation.num_clients} "
-                f"(seed {spec.seed}): {err}; change the scenario's parameters or "
-                "federation.num_clients")))
-            continue
-        shape = json.dumps({k: v for k, v in spec.to_dict().items() if k != "seed"},
-                           sort_keys=True)
-        if shape not in methods_checked:
-            methods_checked.add(shape)
-            try:
-                Blueprint(spec, federation).method()
-            except SpecError as err:
-                problems += err.problems
-    if problems:
-        raise SpecError(sorted(set(problems)))
-    return DataCheck(missing, origins)
-
-
-def _dataset_problem(spec: ExperimentSpec, err: Exception) -> tuple[str, str]:
-    """(field, message): a source's own errors may already start with the field they are about."""
-    field, sep, rest = str(err).partition(": ")
-    if sep and field == "dataset.path":
-        return field, (f"{rest}; an npz needs arrays x (N samples) and y (N integer labels), "
-                       "optionally y_<task>, client and split")
-    if sep and field.startswith("dataset."):
-        return field, rest
-    text = str(err)
-    return "dataset.name", text if repr(spec.dataset.name) in text else \
-        f"{spec.dataset.name}: {text}"

@@ -26,7 +26,7 @@ CHOICE_COLUMNS = {"chosen_by": "objective", "val_score": "score", "search_rank":
 def leaderboard(root: str, trials, choices: dict | None = None) -> pd.DataFrame:
     """One row per (setting, method, grid point), settings in order of appearance, best
     acc_mean first within each; only this sweep's trials.
-    ``choices`` (trial id → :class:`raylf.search.Choice`) adds how each searched point was
+    ``choices`` (trial id → :class:`raylf.sweep.search.Choice`) adds how each searched point was
     chosen: ``chosen_by`` (the objective), ``val_score`` (its mean over the search seeds),
     ``search_rank``, ``search_points`` and ``search_trials`` (the budget spent).
     Every row also carries ``entry`` (method and grid point), ``standin`` (its setting ran on

@@ -1,7 +1,7 @@
 """The Tune experiments a sweep runs, and a two-stage sweep's order of them.
 
 A grid sweep is one :class:`GridStage`. A sweep with searched methods runs one
-:class:`raylf.search.SearchStage` per searched method (validation only), chooses each one's
+:class:`raylf.sweep.search.SearchStage` per searched method (validation only), chooses each one's
 ``top_k`` points, then one :class:`GridStage` of the replicates: every chosen point on every
 ``seeds`` seed, and the grid of the methods without a search, all reported on test data. A
 stage whose Tune experiment exists is resumed; a search whose chosen points are written is not
@@ -10,21 +10,24 @@ run again, so a resumed sweep replicates the same points.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from ray import tune
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from raylf.config import validate
-from raylf.errors import SpecError
 from raylf.labels import point_label
-from raylf.search import Choice, SearchStage, choose, read_choices, startup_samples, write_choices
-from raylf.sweepspec import SearchPlan, SweepSpec, Trial
+from raylf.sweep.search import (
+    Choice,
+    SearchStage,
+    choose,
+    read_choices,
+    startup_samples,
+    write_choices,
+)
+from raylf.sweep.spec import SearchPlan, SweepSpec, Trial
 
 
 class GridStage:
@@ -70,49 +73,6 @@ class GridStage:
         searcher = BasicVariantGenerator(points_to_evaluate=configs,
                                          max_concurrent=max_concurrent)
         return space, {"search_alg": searcher, "num_samples": len(configs)}
-
-
-TRACKERS = {  # --log NAME: (module Tune's callback needs, extra that installs it)
-    "tensorboard": ("tensorboardX", "ray[tune]"), "mlflow": ("mlflow", "raylf[mlflow]"),
-    "wandb": ("wandb", "raylf[wandb]")}
-
-
-def tracker_callbacks(names: list[str], root: str, sweep: str) -> list[tune.Callback]:
-    """Tune's own logger callbacks for ``--log`` (trackers write offline, next to the tables)."""
-    missing = [(n, TRACKERS[n]) for n in names if importlib.util.find_spec(TRACKERS[n][0]) is None]
-    if missing:
-        raise SpecError([("--log", f"{name} needs the {module} package; pip install "
-                                   f"'{extra}' (or leave out --log {name})")
-                         for name, (module, extra) in missing])
-    callbacks: list[tune.Callback] = []
-    if "tensorboard" in names:
-        from ray.tune.logger import TBXLoggerCallback
-
-        callbacks.append(TBXLoggerCallback())
-    local = "://" not in root
-    if "mlflow" in names:
-        from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-        uri = Path(root, "mlruns").as_uri() if local else None
-        callbacks.append(MLflowLoggerCallback(tracking_uri=uri, experiment_name=sweep))
-    if "wandb" in names:
-        from ray.air.integrations.wandb import WandbLoggerCallback
-
-        os.environ.setdefault("WANDB_MODE", "offline")
-        callbacks.append(WandbLoggerCallback(project=sweep, mode=os.environ["WANDB_MODE"],
-                                             dir=root if local else None))
-    return callbacks
-
-
-def sweep_identity(sweep: SweepSpec, trials: list[Trial],
-                   plans: list[SearchPlan]) -> dict[str, Any]:
-    """What a resumed sweep directory must hold the same: its trials, and for a search sweep
-    every search and what is replicated."""
-    identity: dict[str, Any] = {"trial_ids": sorted(t.trial_id for t in trials)}
-    if plans:
-        identity.update(searches=[p.identity() for p in plans], seeds=sweep.seeds,
-                        top_k=sweep.top_k)
-    return identity
 
 
 def describe_search(sweep: SweepSpec, plans: list[SearchPlan], trials: list[Trial]) -> list[str]:

@@ -37,8 +37,11 @@ from raylf import results
 from raylf.config import ExperimentSpec, validate
 from raylf.errors import SpecError
 from raylf.experiment import default_trial_id
-from raylf.smoke import configuration, distinct, standin_inputs
-from raylf.sweepspec import SearchPlan, Trial
+from raylf.raycluster import Capacity
+from raylf.sweep.console import duration
+from raylf.sweep.plan import concurrent_fit, describe_resources
+from raylf.sweep.smoke import configuration, distinct, standin_inputs
+from raylf.sweep.spec import SearchPlan, Trial
 
 ESTIMATE_ROUNDS = 3  # the least timed: round 1 also warms up
 
@@ -232,8 +235,6 @@ def makespan(durations: list[float], slots: int) -> float:
 
 def render(estimate: Estimate, where: str, concurrency: list[tuple[str, int]]) -> str:
     """The estimate as the console prints it."""
-    from raylf.sweep import _duration
-
     costs_ = estimate.costs
     lines = [f"estimate, timed on {where}:",
              f"  {'configuration':<58} {'trials':>6} {'fixed s':>8} {'s/round':>8} "
@@ -241,7 +242,7 @@ def render(estimate: Estimate, where: str, concurrency: list[tuple[str, int]]) -
     for c in costs_:
         mark = " " if c.timed else "~"
         lines.append(f" {mark}{c.label[:58]:<58} {c.trials:>6} {c.fixed_s:>8.2f} "
-                     f"{c.round_s:>8.3f} {_duration(c.trial_s):>10}")
+                     f"{c.round_s:>8.3f} {duration(c.trial_s):>10}")
     count = sum(c.trials for c in costs_)
     gpu_h = sum(c.trial_s * c.gpus * c.trials for c in costs_) / 3600
     cpu_h = sum(c.trial_s * c.cpus * c.trials for c in costs_) / 3600
@@ -252,5 +253,25 @@ def render(estimate: Estimate, where: str, concurrency: list[tuple[str, int]]) -
     for name, slots in concurrency:
         wall = makespan(durations, slots) + estimate.startup_s if slots else float("inf")
         lines.append(f"wall {name}: {slots} trial(s) at once → "
-                     f"{_duration(wall) if slots else 'never (a trial does not fit)'}")
+                     f"{duration(wall) if slots else 'never (a trial does not fit)'}")
     return "\n".join(lines)
+
+
+def summary(root: str, loaded, stage_wall_s: float, cluster: Capacity, where: str,
+            recipe) -> str:
+    """The estimate of the spec's sweep from the timing trials just run (``loaded``: the
+    estimate run's ``raylf.sweep.load.Loaded``)."""
+    sweep, trials, plans, probes = loaded.original
+    sizing = trials + probes
+    here = sweep.max_concurrent or (concurrent_fit(sizing, cluster.most) if cluster.most
+                                    else len(sizing))
+    timed_at = loaded.sweep.max_concurrent or min(here, len(loaded.trials))
+    estimated = costs(root, loaded.mode, trials, plans, probes, stage_wall_s, timed_at,
+                      replicates=sweep.top_k * len(sweep.seeds))
+    slots = [("at the spec's concurrency" if sweep.max_concurrent else f"on {where}", here)]
+    if recipe is not None:
+        slots.append((f"on {recipe.where}", concurrent_fit(sizing, recipe.most)))
+    machine = f"{where} ({describe_resources(cluster.now)})"
+    return render(estimated, machine, slots) + (
+        "\n(trial times are this machine's: on other hardware, run --estimate there, e.g. as a "
+        "Ray job on the cluster)" if recipe is not None else "")

@@ -33,10 +33,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from raylf import results
 from raylf.config import ExperimentSpec, validate
 from raylf.experiment import default_trial_id
 from raylf.methods import METHODS
-from raylf.sweepspec import Trial
+from raylf.sweep.console import last_line
+from raylf.sweep.spec import Trial
 
 SMOKE_ROUNDS = 2
 SMOKE_CLIENTS = 10
@@ -181,3 +183,19 @@ def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -
     # trial of the same bundles, and starting an actor costs a torch import
     out.sort(key=lambda t: t.spec.resources.gpus_per_worker)
     return SmokePlan(out, list(notes.values()))
+
+
+def summary(root: str, trials: list[Trial]) -> str:
+    """How many configurations ran their smoke rounds, and the ones that did not, each with
+    its reason (the tables hold the rest)."""
+    table = results.read_table(root, "trials")
+    rows = {r["trial_id"]: r for r in (table.to_pylist() if table is not None else [])}
+    bad = [(t, rows.get(t.trial_id)) for t in trials
+           if (rows.get(t.trial_id) or {}).get("status") != "ok"]
+    lines = [f"smoke: {len(trials) - len(bad)} of {len(trials)} configuration(s) ran every "
+             f"round ok (tables: {root}/tables/)"]
+    for trial, row in bad:
+        status = row["status"] if row else "no result"
+        reason = last_line(row.get("error")) if row else "the trial wrote no row"
+        lines.append(f"  {status}: {trial.spec.name} {trial.label}: {reason}")
+    return "\n".join(lines)

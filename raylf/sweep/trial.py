@@ -1,0 +1,167 @@
+"""The Tune function trial of a sweep: one experiment, reporting every round to Tune and to Ray's
+metrics, checkpointing, resuming from Tune's checkpoint, and counting its attempts.
+
+A trial whose tables record an end for good is never run again (``finished_row``); once they
+do, its checkpoints are dropped (``raylf.checkpoints``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray import tune
+
+from raylf import checkpoints, results
+from raylf.sweep.search import objective_value, stop_mark
+from raylf.sweep.writable import StorageUnwritable
+
+RECORDED_ENDS = ("ok", "diverged", "timeout", "stopped")  # never run again once ended so
+
+
+def _scalars(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
+
+
+class TrialMetrics:
+    """A trial's rounds as Ray metrics (the dashboard's metrics view, Prometheus, Grafana)."""
+
+    TAGS = ("sweep", "trial_id", "method")
+
+    def __init__(self, sweep: str, trial_id: str, method: str):
+        from ray.util import metrics
+
+        self.tags = {"sweep": sweep, "trial_id": trial_id, "method": method}
+        self.round = metrics.Gauge("raylf_trial_round", "last finished round of a sweep trial",
+                                   tag_keys=self.TAGS)
+        self.accuracy = metrics.Gauge(
+            "raylf_trial_accuracy", "client test accuracy of a sweep trial's last evaluation",
+            tag_keys=(*self.TAGS, "stat"))
+        self.bytes = metrics.Counter("raylf_trial_bytes", "bytes sent between coordinator and "
+                                     "clients", tag_keys=(*self.TAGS, "direction"))
+
+    def record(self, record: dict[str, Any]) -> None:
+        self.round.set(record["round"], tags=self.tags)
+        for key, value in record.items():
+            if key.startswith(("acc_mean", "acc_worst")) and value is not None:
+                self.accuracy.set(value, tags={**self.tags, "stat": key})
+        for direction in ("up", "down"):
+            if record.get(f"bytes_{direction}"):
+                self.bytes.inc(record[f"bytes_{direction}"],
+                               tags={**self.tags, "direction": direction})
+
+
+def finished_row(root: str, trial_id: str) -> dict[str, Any] | None:
+    """The trial's trials-table row if it ended for good and all three of its tables exist."""
+    import pyarrow.fs as pafs
+
+    row = results.read_trial(root, trial_id)
+    if row is None or row["status"] not in RECORDED_ENDS:
+        return None
+    fs, base = results.filesystem(root)
+    paths = [f"{base}/tables/{name}/{trial_id}.parquet" for name in results.TABLES]
+    if any(info.type != pafs.FileType.File for info in fs.get_file_info(paths)):
+        return None
+    return row
+
+
+def _metrics(values: dict[str, Any], objective: str | None) -> dict[str, Any]:
+    """What a trial reports to Tune: the record's numbers, and the objective when it has one."""
+    report = _scalars(values)
+    if objective is not None:
+        value = objective_value(values, objective)
+        if value is not None:
+            report[objective] = value
+    return report
+
+
+def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoint_min_s: float,
+              keep_final_states: tuple[str, ...]) -> None:
+    """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one;
+    its checkpoints dropped once its tables record its end (the final personal states kept for
+    the methods in ``keep_final_states``)."""
+    from raylf.experiment import Progress, RecordedStop, run_experiment
+    from raylf.run import enforce_time_budget
+
+    trial = stage.trial(config)
+    spec, trial_id, root = trial.spec, trial.trial_id, stage.root
+    keep = spec.method.name in keep_final_states
+    tune_dir = f"{stage.path}/{trial_id}"  # Tune's folder of the trial (run_stage names it)
+    finished = finished_row(root, trial_id)
+    try:
+        if finished is not None:
+            checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
+        else:
+            attempts = _mark_attempt(root, trial_id)
+    except OSError as err:
+        raise StorageUnwritable(f"cannot write to {root}: {err}") from None
+    if finished is not None:
+        # Tune may not have persisted this trial's end before the driver died: its tables say
+        # it finished, so report that and do not run it again (what that run had not dropped
+        # yet is dropped above).
+        tune.report({"trial_id": trial_id, "round": finished["rounds"], **_metrics(
+            {k: v for k, v in finished.items() if k.startswith(("acc_", "val_"))},
+            stage.objective)})
+        return
+    progress, snapshot = Progress(), None
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            progress = Progress(**json.loads((Path(folder) / "progress.json").read_text()))
+            snapshot = torch.load(Path(folder) / "state.pt", weights_only=True)
+    metrics = TrialMetrics(stage.sweep, trial_id, spec.method.name)
+    tune_trial = tune.get_context().get_trial_id()
+    last_saved = -math.inf
+
+    def on_round(outcome, runtime, prog, snapshot):
+        nonlocal last_saved
+        report = {"trial_id": trial_id, **_metrics(outcome.record, stage.objective)}
+        metrics.record(outcome.record)
+        final = prog.next_round > spec.federation.rounds  # a final snapshot: the kept final states
+        if snapshot is None or (not final and time.monotonic() - last_saved < checkpoint_min_s):
+            tune.report(report)
+        else:
+            with tempfile.TemporaryDirectory() as folder:
+                state = {"next_round": prog.next_round, "rounds": prog.rounds,
+                         "clients": prog.clients, "wall_s": prog.wall_s}
+                (Path(folder) / "progress.json").write_text(json.dumps(state))
+                torch.save(snapshot, Path(folder) / "state.pt")
+                tune.report(report, checkpoint=tune.Checkpoint.from_directory(folder))
+            last_saved = time.monotonic()
+        enforce_time_budget(spec, prog)
+        stop = stage.scheduled and not final and stop_mark(stage.path, tune_trial)
+        if stop and outcome.record["round"] >= stop["round"]:
+            value = "-" if stop["value"] is None else format(stop["value"], ".4f")
+            raise RecordedStop("stopped", (
+                f"stopped by ASHA after round {stop['round']}: {stage.objective} {value} was "
+                f"below its rung's cutoff ({spec.federation.rounds - stop['round']} rounds "
+                "saved)"))
+
+    placement = (ray.util.get_current_placement_group(), 1)
+    try:
+        run_experiment(spec, backend="ray", out=root, trial_id=trial_id, sweep=stage.sweep,
+                       placement=placement, on_round=on_round, checkpoint_every=checkpoint_every,
+                       checkpoint_last=keep, progress=progress, snapshot=snapshot,
+                       reraise=True, extra={"attempts": attempts, **stage.extra})
+        if finished_row(root, trial_id) is not None:  # its tables record an end for good
+            checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
+    except OSError as err:
+        raise StorageUnwritable(f"cannot write to {root}: {err}") from None
+
+
+def _mark_attempt(root: str, trial_id: str) -> int:
+    """Leave one marker per start of a trial; the count is the trials table's ``attempts``."""
+    import pyarrow.fs as pafs
+
+    fs, base = results.filesystem(root)
+    folder = f"{base}/attempts/{trial_id}"
+    fs.create_dir(folder, recursive=True)
+    with fs.open_output_stream(f"{folder}/{uuid.uuid4().hex}"):
+        pass
+    return len(fs.get_file_info(pafs.FileSelector(folder)))

@@ -1,0 +1,35 @@
+"""Whether the sweep's storage takes writes: probed before anything starts (a spec error) and
+after a trial fails (a storage that stopped accepting writes fails every further trial the same
+way, so the sweep stops instead)."""
+
+from __future__ import annotations
+
+import uuid
+
+from raylf import results
+from raylf.config import SpecError
+
+
+class StorageUnwritable(RuntimeError):
+    """The sweep's storage stopped accepting writes: every further trial would fail the same."""
+
+
+def probe_storage(root: str) -> None:
+    """Create the sweep directory and write (and remove) a file in it; OSError if it cannot."""
+    fs, base = results.filesystem(root)
+    probe = f"{base}/.raylf-write-probe-{uuid.uuid4().hex}"
+    fs.create_dir(base, recursive=True)
+    with fs.open_output_stream(probe) as f:
+        f.write(b"ok")
+    fs.delete_file(probe)
+
+
+def check_storage(root: str) -> None:
+    """The sweep directory can be written, before anything starts."""
+    try:
+        probe_storage(root)
+    except OSError as err:
+        raise SpecError([("--storage", (
+            f"cannot write to {root}: {err}; choose a writable --storage (a directory you own, "
+            "or an s3:// bucket your credentials may put and delete objects in; for an "
+            "endpoint other than AWS set AWS_ENDPOINT_URL)"))]) from None
