@@ -300,8 +300,8 @@ def overhead_section(quick: bool, log, workloads: tuple[str, ...] = ("tiny", "w1
     for name, base in ((name, bases[name]) for name in workloads):
         n_rep = reps
         # resources.cohort: auto (the default: lockstep cohorts where they pay, see
-        # raylf.cohort), off (one client after another, the pre-cohort trainer), and on the
-        # heavy CNN cohorts forced, which auto declines on a CPU
+        # raylf.training.cohort), off (one client after another, the pre-cohort trainer), and on
+        # the heavy CNN cohorts forced, which auto declines on a CPU
         variants = [("local", "local", 1, "auto"), ("local-seq", "local", 1, "off"),
                     ("ray-1w", "ray", 1, "auto"), ("ray-2w", "ray", 2, "auto"),
                     ("ray-2w-seq", "ray", 2, "off")]

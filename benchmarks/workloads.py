@@ -30,7 +30,8 @@ from raylf.runtime.coordinator import balance
 from raylf.runtime.ray_backend import RayShard
 from raylf.runtime.shard import ClientShard
 from raylf.seeding import derive, stream
-from raylf.training import rewrite_for_training, seed_global
+from raylf.training.rewrites import rewrite_for_training
+from raylf.training.sequential import seed_global
 
 
 def _psutil():
@@ -218,9 +219,9 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
     Same partition, input normalization, participants, initial weights, per-client shuffle seeds,
     SGD, n_k-weighted average (a running float64 Σ n_k·w_k, divided once) and evaluation
     schedule as raylf's fedavg; returns per-round wall times and the final per-client accuracies.
-    ``raylf_layout`` rewrites the model as raylf's trainer does (``training.rewrite_for_training``:
-    max-pools before the ReLUs they follow; on a CPU, channels-last convolutions for models that
-    ask for it): the same arithmetic.
+    ``raylf_layout`` rewrites the model as raylf's trainer does
+    (``raylf.training.rewrites.rewrite_for_training``: max-pools before the ReLUs they follow; on
+    a CPU, channels-last convolutions for models that ask for it): the same arithmetic.
     """
     fed = fed or build_federation(spec)
     source = sources.load_source(spec.dataset.name, spec.dataset.params)

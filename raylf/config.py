@@ -123,8 +123,9 @@ class ResourceSpec(Strict):
         return v
 
     cohort: Literal["auto", "off"] | int = Field(
-        "auto", description="clients a worker trains in lockstep (raylf.cohort): a number, off "
-                            "(one after another), or auto (sized from the device's free memory)")
+        "auto", description="clients a worker trains in lockstep (raylf.training.cohort): a "
+                            "number, off (one after another), or auto (sized from the device's "
+                            "free memory)")
 
     @field_validator("cohort", mode="before")
     @classmethod

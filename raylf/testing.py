@@ -34,7 +34,7 @@ from raylf.methods import METHODS, Method
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
 from raylf.runtime.shard import Reduction, upload_bytes
-from raylf.training import tensor_bytes
+from raylf.tree import tensor_bytes
 
 TIMING = {"round_s", "wall_s", "trial_id", "worker_peak_mb"}  # measurements, not results
 

@@ -1,9 +1,13 @@
-"""Nested messages (dicts, lists, tuples of tensors and arrays) mapped leaf by leaf."""
+"""Nested messages (dicts, lists, tuples of tensors and arrays): mapped leaf by leaf, and their
+size on the wire."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
+import torch
 
 
 def map_leaves(tree: Any, fn: Callable[[Any], Any], leaf: type | tuple[type, ...]) -> Any:
@@ -22,3 +26,18 @@ def leaves(tree: Any, leaf: type | tuple[type, ...]) -> list[Any]:
     found: list[Any] = []
     map_leaves(tree, found.append, leaf)
     return found
+
+
+def tensor_bytes(message) -> int:
+    """Bytes on the wire for a message: tensors and arrays by size, Python scalars as 8 bytes."""
+    if message is None:
+        return 0
+    if torch.is_tensor(message):
+        return message.numel() * message.element_size()
+    if isinstance(message, np.ndarray):
+        return message.nbytes
+    if isinstance(message, dict):
+        return sum(tensor_bytes(v) for v in message.values())
+    if isinstance(message, (list, tuple)):
+        return sum(tensor_bytes(v) for v in message)
+    return 8

@@ -27,7 +27,8 @@ from raylf.methods.pacfl import (
     principal_distances,
 )
 from raylf.models import SplitModel
-from raylf.training import LocalTrainer, ParamLayout, model_vector
+from raylf.training.layout import ParamLayout, model_vector
+from raylf.training.sequential import LocalTrainer
 
 
 def tiny_trainer(inputs=2, classes=2, hidden=None, batch_size=4):

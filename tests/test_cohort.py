@@ -115,8 +115,8 @@ def test_cohort_sizing_probes_no_model_without_convolutions():
     """``cohort: auto`` weighs convolution work; a character LSTM (token ids in, no
     convolution) is not fed a float probe it cannot embed (the smoke run of
     spcacw_shakespeare.yaml found FedAMP and FedDisco workers dying on it)."""
-    from raylf.cohort import not_worthwhile
     from raylf.models.paper import CharLSTM
+    from raylf.training.cohort import not_worthwhile
 
     net = CharLSTM.build(CharLSTM.Params(embedding=8, hidden=8, layers=1), (50,), 80)
     assert not_worthwhile(net, (50,), torch.device("cpu")) is None

@@ -27,15 +27,12 @@ from raylf.methods.fedavg_se import FedAvgSE
 from raylf.models import MODELS, build_model
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
-from raylf.sgd import step_
 from raylf.storage import STAGING
-from raylf.training import (
-    LocalTrainer,
-    ParamLayout,
-    model_vector,
-    pool_before_rectifying,
-    tensor_bytes,
-)
+from raylf.training.layout import ParamLayout, model_vector
+from raylf.training.rewrites import pool_before_rectifying
+from raylf.training.sequential import LocalTrainer
+from raylf.training.sgd import step_
+from raylf.tree import tensor_bytes
 from tests.conftest import small_spec_dict
 
 
@@ -363,9 +360,9 @@ def test_pooling_before_the_relu_changes_no_output_gradient_or_dead_unit(size):
 
 @pytest.mark.parametrize("momentum, grad_clip", [(0.0, None), (0.9, None), (0.9, 0.5)])
 def test_the_trainer_steps_exactly_as_torch_optim_sgd(momentum, grad_clip):
-    """The trainer's step (``raylf.sgd.step_``) uses SGD's functional form and clips per client;
-    a plain ``clip_grad_norm_`` + ``torch.optim.SGD`` loop over the same batches (head frozen,
-    weight decay) must end on the same weights, bit for bit."""
+    """The trainer's step (``raylf.training.sgd.step_``) uses SGD's functional form and clips per
+    client; a plain ``clip_grad_norm_`` + ``torch.optim.SGD`` loop over the same batches (head
+    frozen, weight decay) must end on the same weights, bit for bit."""
     torch.manual_seed(0)
     model = build_model("mlp", MODELS.get("mlp").Params(hidden=[12]), (1, 4, 4), 3)
     x, y = torch.randn(30, 1, 4, 4), torch.arange(30) % 3
@@ -391,9 +388,9 @@ def test_the_trainer_steps_exactly_as_torch_optim_sgd(momentum, grad_clip):
 
 
 def test_a_step_of_stacked_clients_is_each_clients_own_step():
-    """``raylf.sgd.step_`` on clients stacked along dim 0 (the cohort's) gives each client the
-    step it takes alone (the trainers' and the per-step runtime's, dimension one), clipping
-    included: the step is per client by construction, not by a test of each path."""
+    """``raylf.training.sgd.step_`` on clients stacked along dim 0 (the cohort's) gives each
+    client the step it takes alone (the trainers' and the per-step runtime's, dimension one),
+    clipping included: the step is per client by construction, not by a test of each path."""
     torch.manual_seed(0)
     cfg = OptimizerSpec(lr=0.1, momentum=0.9, weight_decay=0.01, grad_clip=0.5)
     shapes = [(5, 3), (5,), (2, 5)]

@@ -20,7 +20,7 @@ from raylf.runtime import Blueprint
 from raylf.runtime.coordinator import balance
 from raylf.runtime.local import LocalRuntime
 from raylf.runtime.shard import ClientShard
-from raylf.training import tensor_bytes
+from raylf.tree import tensor_bytes
 from tests.conftest import small_spec_dict
 from tests.test_config import EXAMPLE
 

@@ -8,7 +8,6 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from raylf.cohort import CohortTrainer
 from raylf.config import OptimizerSpec
 from raylf.data.federation import Split
 from raylf.experiment import run_experiment
@@ -20,7 +19,9 @@ from raylf.learning_check import (
     not_learning,
 )
 from raylf.models import MODELS, build_model
-from raylf.training import LocalTrainer, ParamLayout
+from raylf.training.cohort import CohortTrainer
+from raylf.training.layout import ParamLayout
+from raylf.training.sequential import LocalTrainer
 
 
 def test_dead_units_are_those_zero_on_every_probe_sample():

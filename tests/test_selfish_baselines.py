@@ -17,7 +17,7 @@ from raylf.methods.fedamp import FedAMP, FedAMPParams, attention_weights, square
 from raylf.methods.feddisco import disco_weights, kl_to_uniform
 from raylf.models import MODELS, SplitModel, build_model
 from raylf.runtime.blueprint import Blueprint
-from raylf.training import ParamLayout
+from raylf.training.layout import ParamLayout
 from tests.conftest import small_spec_dict
 
 

@@ -24,7 +24,8 @@ from raylf.methods.spcacw import (
     trace_variance,
 )
 from raylf.models import SplitModel
-from raylf.training import LocalTrainer, ParamLayout, model_vector
+from raylf.training.layout import ParamLayout, model_vector
+from raylf.training.sequential import LocalTrainer
 from tests.conftest import small_spec_dict
 
 
@@ -119,8 +120,8 @@ def test_trace_variance_is_the_sum_of_per_coordinate_variances():
 
 
 def test_a_learner_steps_as_torch_sgd_with_clipping_bit_for_bit():
-    """The per-step runtime's step is the trainers' (``raylf.sgd.step_``): clip_grad_norm_ then
-    ``torch.optim.SGD.step`` on the parameter tensors, exactly."""
+    """The per-step runtime's step is the trainers' (``raylf.training.sgd.step_``):
+    clip_grad_norm_ then ``torch.optim.SGD.step`` on the parameter tensors, exactly."""
     model = tiny_model()
     cfg = OptimizerSpec(lr=0.1, momentum=0.9, weight_decay=0.01, grad_clip=0.5)
     method = SelfishLocal(SelfishLocal.Params(), context(model, 3))

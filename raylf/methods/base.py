@@ -47,15 +47,8 @@ from raylf.data.federation import ClientData, Federation
 from raylf.models import SplitModel
 from raylf.registry import Registry
 from raylf.seeding import derive
-from raylf.training import (
-    PARTS,
-    AfterStep,
-    LocalTrainer,
-    LossFn,
-    ParamLayout,
-    Penalty,
-    weighted_mean,
-)
+from raylf.training.layout import PARTS, ParamLayout
+from raylf.training.sequential import AfterStep, LocalTrainer, LossFn, Penalty
 
 Tensors = dict[str, torch.Tensor]
 
@@ -111,6 +104,12 @@ def soft_share(value: torch.Tensor, weights: Sequence[float] | torch.Tensor) -> 
     """``value`` counted in every group g with weight ``weights[g]`` (zero weights dropped):
     FedSoft's importance-weighted cluster sums, HDC-FL's π_kg·n_k prototypes."""
     return Share(value, {g: float(w) for g, w in enumerate(weights) if float(w) != 0.0})
+
+
+def weighted_mean(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_k w_k v_k / Σ_k w_k over the rows of ``stacked`` in one matrix-vector product."""
+    w = weights.to(stacked.dtype)
+    return (w / w.sum()) @ stacked
 
 
 @dataclass

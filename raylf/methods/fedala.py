@@ -33,7 +33,7 @@ from torch.func import functional_call
 from raylf.methods.base import ClientUpdate, Method, MethodParams, register, scored_model
 from raylf.methods.shared import GlobalModelServer
 from raylf.seeding import derive, generator
-from raylf.training import Slot
+from raylf.training.layout import Slot
 
 
 class FedALAParams(MethodParams):
@@ -157,7 +157,7 @@ class FedALA(GlobalModelServer, Method):  # server half: FedAvg's global model
         start θ̂ comes out of ALA, a gradient loop of its own on the mixing weights W (clipped
         to [0, 1], no momentum: not local SGD of the model) run on the trainer before the fit,
         and a plan is declared before the worker runs anything; the fit itself is
-        ``LocalTrainer.fit``'s (``raylf.sgd``)."""
+        ``LocalTrainer.fit``'s (``raylf.training.sgd``)."""
         start, personal = self.adapt(trainer, payload["model"], personal, data, seed)
         trainer.load(start)
         trainer.fit(data.x_train, data.y_train, seed=seed)

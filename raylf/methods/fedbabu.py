@@ -19,7 +19,8 @@ from raylf.methods.base import (
     score,
     scored_model,
 )
-from raylf.training import PARTS, LocalTrainer
+from raylf.training.layout import PARTS
+from raylf.training.sequential import LocalTrainer
 
 
 class FedBABUParams(MethodParams):

@@ -145,7 +145,7 @@ class FedCE(Method):
         """Score the minus model, then FedAvg's fit. Not a ``FitPlan`` (so not trained in
         cohorts): the score dc_k is the minus model's validation accuracy, which takes the
         trainer, and a plan is declared before the worker runs anything; the fit itself is
-        ``LocalTrainer.fit``'s (``raylf.sgd``)."""
+        ``LocalTrainer.fit``'s (``raylf.training.sgd``)."""
         glob, c = payload["model"], extra
         total, count = personal["score_sum"], personal["score_count"] + 1
         if personal["has_prev"] and len(data.y_val):

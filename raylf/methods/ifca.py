@@ -68,7 +68,7 @@ class IFCA(Method):
         """The chosen cluster model, fitted as FedAvg's. Not a ``FitPlan`` (so not trained in
         cohorts): the start is chosen by every cluster model's loss on the client's own data,
         which takes the trainer, and a plan is declared before the worker runs anything; the
-        fit itself is ``LocalTrainer.fit``'s (``raylf.sgd``)."""
+        fit itself is ``LocalTrainer.fit``'s (``raylf.training.sgd``)."""
         cluster = self.choose(trainer, payload["models"], data)
         trainer.load(payload["models"][cluster])
         trainer.fit(data.x_train, data.y_train, seed=seed)

@@ -28,7 +28,7 @@ from raylf.data.sources import SOURCES, load_source
 from raylf.errors import SpecError
 from raylf.methods.base import MethodParams
 from raylf.models import SplitModel
-from raylf.training import ParamLayout
+from raylf.training.layout import ParamLayout
 
 TASKS = ("binary", "multiclass")
 

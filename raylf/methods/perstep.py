@@ -5,16 +5,16 @@ A round is one optimizer step of every *learner* (a client with a model of its o
 targets, every client in FC):
 
 1. ``broadcast``: the learners' weights stacked (T, P);
-2. ``local_update`` on every client: its next minibatch (``raylf.sgd``'s schedule: one pass
-   over its own data per epoch, reshuffled each epoch) and its gradient there at each learner's
-   weights it serves, in one vectorized call (``LocalTrainer.gradients_at``), uploaded as one
-   plain (rows, P) tensor;
+2. ``local_update`` on every client: its next minibatch (``raylf.training.sgd``'s schedule: one
+   pass over its own data per epoch, reshuffled each epoch) and its gradient there at each
+   learner's weights it serves, in one vectorized call (``LocalTrainer.gradients_at``), uploaded
+   as one plain (rows, P) tensor;
 3. ``aggregate``: from the per-peer gradients, each learner's update direction (the subclass's
    rule: an α-weighted sum, a thresholded cluster mean) and whatever it tracks;
 4. ``collect`` / ``report``: each learner's client receives its direction (``extras``), takes its
-   own optimizer step with ``federation.optimizer`` (``raylf.sgd.step_``, the trainers' step:
-   gradient clipping, weight decay, momentum kept across steps, lr) and uploads its new weights
-   for the next broadcast.
+   own optimizer step with ``federation.optimizer`` (``raylf.training.sgd.step_``, the
+   trainers' step: gradient clipping, weight decay, momentum kept across steps, lr) and uploads
+   its new weights for the next broadcast.
 
 Why the learner steps, not the server: the optimizer settings are the client half's (the server
 half never sees them), and a learner owning its model, momentum and data is the papers'
@@ -33,13 +33,13 @@ import torch
 
 from raylf.methods.base import ClientUpdate, Method
 from raylf.seeding import generator
-from raylf.sgd import minibatch, step_
+from raylf.training.sgd import minibatch, step_
 
 
 def epoch_batch(n: int, batch_size: int, step: int, seed: int, cid: int) -> torch.Tensor:
-    """Indices of client ``cid``'s minibatch at ``step`` (from 1): ``raylf.sgd``'s schedule,
-    each epoch's permutation from a generator of its own (seed, client, epoch), so step r's
-    batch is found without drawing the epochs before it."""
+    """Indices of client ``cid``'s minibatch at ``step`` (from 1): ``raylf.training.sgd``'s
+    schedule, each epoch's permutation from a generator of its own (seed, client, epoch), so
+    step r's batch is found without drawing the epochs before it."""
     return minibatch(lambda epoch: torch.randperm(n, generator=generator(seed, cid, epoch)),
                      n, batch_size, step - 1)
 
@@ -159,7 +159,7 @@ class PeerStepMethod(Method):
 
     def step(self, w: torch.Tensor, momentum: torch.Tensor, direction: torch.Tensor,
              cfg) -> tuple[torch.Tensor, torch.Tensor]:
-        """The learner's new flat weights and momentum after one ``raylf.sgd.step_`` along
+        """The learner's new flat weights and momentum after one ``raylf.training.sgd.step_`` along
         ``direction``, the step the trainers take with a gradient: on the parameter tensors
         only (buffers are neither decayed nor moved), with a client dimension of one."""
         w, momentum, direction = w.clone(), momentum.clone(), direction.to(w.device, copy=True)

@@ -41,7 +41,7 @@ from raylf.methods.base import MethodParams, register
 from raylf.methods.perstep import PeerStepMethod
 from raylf.methods.simplex import minimize_on_simplex
 from raylf.seeding import generator
-from raylf.sgd import epoch_length
+from raylf.training.sgd import epoch_length
 
 
 def smoothness(trainer, x: torch.Tensor, y: torch.Tensor, iters: int,

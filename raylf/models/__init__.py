@@ -26,11 +26,11 @@ class ModelParams(BaseModel):
 
 class SplitModel(nn.Module):
     # ``channels_last_on_cpu``: whether a CPU trainer runs this model's convolutions on
-    # channels-last activations (``training.run_channels_last``), set by the models measured
-    # faster that way. Local SGD of one client, batch 32, one thread, this 2-core Xeon, NCHW
-    # time over channels-last time: cnn [16, 32] on 3×32×32 1.45×, on 1×28×28 1.18×, on 1×8×8
-    # 1.09×; mobilenet_v2 on 3×32×32 1.51×; resnet18 0.89× and vgg16_cifar 0.78× (slower: left
-    # NCHW).
+    # channels-last activations (``raylf.training.rewrites.run_channels_last``), set by the models
+    # measured faster that way. Local SGD of one client, batch 32, one thread, this 2-core Xeon,
+    # NCHW time over channels-last time: cnn [16, 32] on 3×32×32 1.45×, on 1×28×28 1.18×, on
+    # 1×8×8 1.09×; mobilenet_v2 on 3×32×32 1.51×; resnet18 0.89× and vgg16_cifar 0.78× (slower:
+    # left NCHW).
     def __init__(self, encoder: nn.Module, head: nn.Module, channels_last_on_cpu: bool = False):
         super().__init__()
         self.encoder = encoder

@@ -14,7 +14,8 @@ from raylf.data.scenarios import SCENARIOS
 from raylf.methods import METHODS, Method, MethodContext, build_method
 from raylf.models import SplitModel, build_model
 from raylf.seeding import derive
-from raylf.training import LocalTrainer, ParamLayout, model_vector
+from raylf.training.layout import ParamLayout, model_vector
+from raylf.training.sequential import LocalTrainer
 
 REPLICATE_MAX_BYTES = 256 * 2**20  # client_data auto: the most training data copied per worker
 

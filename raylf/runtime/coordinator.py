@@ -20,8 +20,7 @@ from raylf.methods.base import Uploads
 from raylf.metrics import summarize
 from raylf.runtime.blueprint import Blueprint
 from raylf.seeding import stream
-from raylf.training import tensor_bytes
-from raylf.tree import map_leaves
+from raylf.tree import map_leaves, tensor_bytes
 
 
 def own_storage(tensor: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,7 @@ from raylf.runtime.coordinator import Coordinator, RoundOutcome
 from raylf.runtime.local import LocalPool
 from raylf.runtime.memory import keep_freed_memory, reset_peak_memory
 from raylf.runtime.shard import ClientShard
-from raylf.training import tensor_bytes
-from raylf.tree import map_leaves
+from raylf.tree import map_leaves, tensor_bytes
 
 PLACEMENT_TIMEOUT_S = 60.0
 # A broadcast below this size travels inline in each task (Ray inlines small arguments); a

@@ -19,20 +19,20 @@ import pyarrow.fs as pafs
 import torch
 
 from raylf import learning_check
-from raylf.cohort import (
+from raylf.methods.base import ClientUpdate, FitPlan, Share, score
+from raylf.runtime.blueprint import Blueprint, pick_device
+from raylf.runtime.memory import peak_memory
+from raylf.seeding import client_seed, derive
+from raylf.storage import filesystem, publish
+from raylf.training.cohort import (
     CohortMember,
     CohortTrainer,
     cohorts,
     not_worthwhile,
     unsupported_reason,
 )
-from raylf.methods.base import ClientUpdate, FitPlan, Share, score
-from raylf.runtime.blueprint import Blueprint, pick_device
-from raylf.runtime.memory import peak_memory
-from raylf.seeding import client_seed, derive
-from raylf.storage import filesystem, publish
-from raylf.training import FitResult, tensor_bytes
-from raylf.tree import map_leaves
+from raylf.training.sequential import FitResult
+from raylf.tree import map_leaves, tensor_bytes
 
 SPLITS = ("test", "val")
 log = logging.getLogger("raylf")

@@ -10,7 +10,7 @@ sequential trainer), and its own momentum. Clients of different sizes follow the
 counts: at every step only clients with a batch left take part, grouped by batch size (a full
 batch, or the short last batch of an epoch), so each client's loss is the ordinary mean over
 its own batch and a finished client is neither updated nor has its momentum advanced. The
-schedule and the step are the sequential trainer's own (``raylf.sgd``: prox → clip → weight
+schedule and the step are the sequential trainer's own (``raylf.training.sgd``: prox → clip → weight
 decay → momentum), the step taken on the stacked clients at once: per-client results equal the
 sequential path's up to float rounding of the batched kernels (the contract suite checks every
 plan-declaring method at 1e-5, ``raylf.testing``).
@@ -27,9 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from raylf import learning_check, sgd
+from raylf import learning_check
 from raylf.data.federation import Split
-from raylf.training import PARTS, AfterStep, FitResult, LocalTrainer, Penalty
+from raylf.training import sgd
+from raylf.training.layout import PARTS
+from raylf.training.sequential import AfterStep, FitResult, LocalTrainer, Penalty
 
 # Memory a cohort may use, as a share of what the device has free when it is sized.
 MEMORY_SHARE = 0.25
@@ -216,9 +218,10 @@ class CohortTrainer:
         (members × P) and one FitResult per member.
 
         At every step the clients with a batch left are grouped by batch size and proximal
-        strength; each group takes one batched gradient and one ``raylf.sgd.step_`` on its rows
-        of the stacked weights and momenta (gathered and written back when not everyone
-        steps). A member's penalty and after-step map are its own functions of its own rows."""
+        strength; each group takes one batched gradient and one ``raylf.training.sgd.step_`` on
+        its rows of the stacked weights and momenta (gathered and written back when not
+        everyone steps). A member's penalty and after-step map are its own functions of its own
+        rows."""
         trainer = self.trainer
         device, cfg, batch = trainer.device, trainer.opt_cfg, trainer.batch_size
         if epochs is None and max_steps is None:
@@ -361,7 +364,7 @@ class CohortTrainer:
     @staticmethod
     def _schedule(split: Split, member: CohortMember, batch: int, epochs: int | None,
                   max_steps: int | None, device: torch.device) -> list[torch.Tensor]:
-        """The member's minibatches as rows of the shard's split: ``raylf.sgd``'s schedule
+        """The member's minibatches as rows of the shard's split: ``raylf.training.sgd``'s schedule
         from its seed, as the sequential trainer draws it."""
         rows = split.rows(member.position)
         n = rows.stop - rows.start

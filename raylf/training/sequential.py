@@ -1,8 +1,9 @@
-"""The shared client arithmetic: flat parameter vectors, local SGD (``raylf.sgd``), evaluation.
+"""The sequential trainer: a client's local SGD (``raylf.training.sgd``), gradients, loss and
+evaluation, one client at a time.
 
 A ``LocalTrainer`` owns one model whose parameters and floating buffers are views into a single
-flat tensor, so loading what a client received and reading what it uploads are one copy each, and
-the same model instance serves every virtual client of a worker.
+flat tensor (``raylf.training.layout``), so loading what a client received and reading what it
+uploads are one copy each, and the same model instance serves every virtual client of a worker.
 """
 
 from __future__ import annotations
@@ -11,60 +12,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raylf import sgd
-
-PARTS = ("encoder", "head")
-
-
-@dataclass(frozen=True)
-class Slot:
-    name: str
-    shape: tuple[int, ...]
-    offset: int
-    numel: int
-    is_param: bool
-
-
-@dataclass(frozen=True)
-class ParamLayout:
-    """Where each tensor of a ``SplitModel`` lives in its flat vector: encoder first, then head.
-
-    Encoder and head are contiguous ranges, so a method shares or keeps a part by slicing.
-    """
-
-    slots: tuple[Slot, ...]
-    parts: dict[str, slice]
-
-    @classmethod
-    def of(cls, model: nn.Module) -> ParamLayout:
-        slots, parts, offset = [], {}, 0
-        for part in PARTS:
-            start = offset
-            module = getattr(model, part)
-            named = [(f"{part}.{n}", t, True) for n, t in module.named_parameters()]
-            named += [(f"{part}.{n}", t, False) for n, t in module.named_buffers()
-                      if t.is_floating_point()]
-            for name, tensor, is_param in named:
-                slots.append(Slot(name, tuple(tensor.shape), offset, tensor.numel(), is_param))
-                offset += tensor.numel()
-            parts[part] = slice(start, offset)
-        return cls(tuple(slots), parts)
-
-    @property
-    def size(self) -> int:
-        return self.parts[PARTS[-1]].stop
-
-    def part(self, name: str) -> slice:
-        return self.parts[name]
-
-    def part_size(self, name: str) -> int:
-        s = self.parts[name]
-        return s.stop - s.start
+from raylf.training import sgd
+from raylf.training.layout import PARTS, ParamLayout
+from raylf.training.rewrites import rewrite_for_training
 
 
 def _resolve(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
@@ -73,12 +27,6 @@ def _resolve(model: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     for p in path:
         module = getattr(module, p)
     return module, leaf
-
-
-def model_vector(model: nn.Module, layout: ParamLayout) -> torch.Tensor:
-    """The flat vector of a freshly built model (its initialization)."""
-    state = dict(model.named_parameters()) | dict(model.named_buffers())
-    return torch.cat([state[s.name].detach().reshape(-1).float() for s in layout.slots])
 
 
 @dataclass(frozen=True)
@@ -143,7 +91,7 @@ class LocalTrainer:
             penalty: Penalty | None = None,
             after_step: AfterStep | None = None) -> FitResult:
         """Minibatch SGD on (x, y) for ``epochs`` (default: the federation's local epochs), one
-        client: the schedule and step of ``raylf.sgd`` with a client dimension of one.
+        client: the schedule and step of ``raylf.training.sgd`` with a client dimension of one.
 
         ``max_steps`` stops after that many optimizer steps (epochs continue as needed when
         ``epochs`` is not given: Ditto's and FedAvg's "τ local steps" variants).
@@ -292,56 +240,6 @@ class LocalTrainer:
         return torch.cat([self.model(x[i: i + chunk]) for i in range(0, len(x), chunk)])
 
 
-def rewrite_for_training(model: nn.Module, device: torch.device) -> None:
-    """The same arithmetic, faster: max-pools before the ReLUs they follow everywhere, and on a
-    CPU channels-last convolutions for the models that ask for it."""
-    pool_before_rectifying(model)
-    if device.type == "cpu" and getattr(model, "channels_last_on_cpu", False):
-        run_channels_last(model)
-
-
-def pool_before_rectifying(model: nn.Module) -> None:
-    """Swap each ReLU that a max-pool follows in an ``nn.Sequential`` (conv → ReLU → pool
-    becomes conv → pool → ReLU). The ReLU is monotone, so the pool's maximum is taken at the
-    same element and the outputs and gradients are bitwise the same, but the ReLU and its
-    backward run on the pooled map, a quarter of the size. Measured on the heavy CNN (3×32×32,
-    batch 32, one thread, freed memory kept): 5.95 → 5.25 ms per step. The dead-ReLU probe
-    then sees pooled channels, which are alive exactly where the unpooled ones were except
-    for values the pooling drops (an odd map's last row), which reach nothing anyway."""
-    for sequence in model.modules():
-        if not isinstance(sequence, nn.Sequential):
-            continue
-        layers = sequence._modules
-        names = list(layers)
-        for first, second in zip(names, names[1:]):
-            if (type(layers[first]) is nn.ReLU and isinstance(layers[second], nn.MaxPool2d)
-                    and not layers[second].return_indices):
-                layers[first], layers[second] = layers[second], layers[first]
-
-
-def run_channels_last(model: nn.Module) -> None:
-    """Make every ``Conv2d`` of ``model`` take and give channels-last activations, so that the
-    ReLUs and max-pools between them run on that layout too. The weights stay views into the
-    trainer's flat vector (oneDNN reorders them itself). Same values up to float rounding of
-    the convolutions' reductions (~1e-7 after an epoch). On one CPU thread PyTorch's max-pool
-    of NCHW maps is slow (35 % of the heavy CNN's step); the measurements that decide which
-    models ask for this are at ``models.SplitModel``."""
-    for module in model.modules():
-        if isinstance(module, nn.Conv2d):
-            module.register_forward_pre_hook(_channels_last_input)
-            module.register_forward_hook(_channels_last_output)
-
-
-def _channels_last_input(_module: nn.Module, args: tuple) -> tuple:
-    return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
-
-
-def _channels_last_output(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
-    # a one-channel input is NCHW and channels-last at once, and then the convolution's output
-    # comes back NCHW: turn it here, before the activations that follow
-    return output.contiguous(memory_format=torch.channels_last)
-
-
 def seed_global(seed: int, device: torch.device) -> None:
     """Seed the global generators a model's own randomness (dropout) draws from: the CPU's and
     ``device``'s. Same streams as ``torch.manual_seed``, which also queues a lazy seeding call
@@ -350,24 +248,3 @@ def seed_global(seed: int, device: torch.device) -> None:
     torch.random.default_generator.manual_seed(seed)
     if device.type == "cuda":
         torch.cuda.manual_seed(seed)
-
-
-def weighted_mean(stacked: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Σ_k w_k v_k / Σ_k w_k over the rows of ``stacked`` in one matrix-vector product."""
-    w = weights.to(stacked.dtype)
-    return (w / w.sum()) @ stacked
-
-
-def tensor_bytes(message) -> int:
-    """Bytes on the wire for a message: tensors and arrays by size, Python scalars as 8 bytes."""
-    if message is None:
-        return 0
-    if torch.is_tensor(message):
-        return message.numel() * message.element_size()
-    if isinstance(message, np.ndarray):
-        return message.nbytes
-    if isinstance(message, dict):
-        return sum(tensor_bytes(v) for v in message.values())
-    if isinstance(message, (list, tuple)):
-        return sum(tensor_bytes(v) for v in message)
-    return 8
