@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,8 +59,11 @@ SWEEP = {
 
 
 def compute_bound(spec_path: Path, cores: int) -> dict:
-    """Every trial of the sweep in this process, timed (the first run once untimed: imports)."""
+    """Every trial of the sweep in this process, timed (the first run once untimed: imports), on
+    as many torch threads as the sweep gives each trial's worker (the local backend would use
+    all cores, and the bound divides by the cores already)."""
     _, trials = load_sweep(spec_path)
+    torch.set_num_threads(trials[0].spec.resources.threads_per_worker())
     with tempfile.TemporaryDirectory() as out:
         run_experiment(trials[0].spec, backend="local", out=out, trial_id="warm")
         times = []

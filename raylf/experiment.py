@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
 import uuid
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raylf import learning_check, results
+from raylf import learning_check, metrics, results
 from raylf.checkpoints import CheckpointFolders
 from raylf.config import ExperimentSpec
 from raylf.data import build_federation
@@ -62,15 +63,20 @@ RoundHook = Callable[[RoundOutcome, Any, Progress, Any], None]
 def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | None = None,
                    trial_id: str | None = None, sweep: str = "", placement=None,
                    on_round: RoundHook | None = None, checkpoint_every: int | None = None,
-                   checkpoint_last: bool = True, progress: Progress | None = None,
+                   checkpoint_min_s: float = 0.0, checkpoint_last: bool = True,
+                   progress: Progress | None = None,
                    snapshot: Any = None, reraise: bool = False,
                    extra: dict[str, Any] | None = None) -> ExperimentResult:
     """Run ``spec`` round by round; write the tables under ``out`` whatever the outcome.
 
     ``on_round(outcome, runtime, progress, snapshot)`` runs after every round (progress
     printing, Tune reports); with ``checkpoint_every``, ``snapshot`` is the runtime's checkpoint
-    after every ``checkpoint_every``-th round before the last, and after the last one only with
-    ``checkpoint_last`` (not after a diverged round: the trial ends there), else None. A sweep
+    after every ``checkpoint_every``-th round before the last at least ``checkpoint_min_s`` after
+    the previous one, and after the last one only with ``checkpoint_last`` (not after a diverged
+    round: the trial ends there), else None. The time gate is applied here, before the snapshot
+    is taken, because taking one is the cost: the workers' states are gathered and written, and
+    the next round is not overlapped with the hook (a sweep of 100-round trials on tiny rounds
+    took a snapshot every 5 rounds only to drop most of them for ``checkpoint_min_s``). A sweep
     leaves out the last one unless it keeps the final states: the tables follow at once, and
     after them no resume reads a checkpoint. The next round is started before
     the hook runs (the runtime may overlap it with the hook and the message latency), except
@@ -102,9 +108,11 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
             progress.rounds.append(setup.record)
         last = spec.federation.rounds
         checkpoints = CheckpointFolders(out, trial_id)
+        last_taken = -math.inf  # monotonic time of the last snapshot
         for rnd in range(progress.next_round, last + 1):
             due = checkpoint_every is not None and (
-                checkpoint_last if rnd == last else rnd % checkpoint_every == 0)
+                checkpoint_last if rnd == last else rnd % checkpoint_every == 0
+                and time.monotonic() - last_taken >= checkpoint_min_s)
             outcome = runtime.run_round(rnd, then=None if due or rnd == last else rnd + 1)
             progress.rounds.append(outcome.record)
             progress.clients.extend(outcome.clients)
@@ -122,6 +130,7 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
                 taken = None
                 if due and not outcome.diverged:
                     taken = runtime.checkpoint(checkpoints.folder(rnd))
+                    last_taken = time.monotonic()
                 on_round(outcome, runtime, progress, taken)
                 if taken is not None:
                     checkpoints.reported(rnd)
@@ -161,7 +170,7 @@ def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, sta
               error: str | None, diverged_round: int | None, progress: Progress,
               wall_s: float) -> dict[str, Any]:
     rounds = progress.rounds
-    evaluated = [r for r in rounds if any(k.startswith("acc_") for k in r)]
+    evaluated = [r for r in rounds if metrics.evaluates(r)]
     final = evaluated[-1] if evaluated else {}
     best = max((r for r in evaluated if "acc_mean" in r), key=lambda r: r["acc_mean"], default={})
     row: dict[str, Any] = {

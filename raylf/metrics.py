@@ -11,6 +11,11 @@ import numpy as np
 ACCURACY_COLUMNS = ("acc_mean", "acc_weighted", "acc_worst", "acc_bottom20", "acc_gap")
 
 
+def evaluates(record: dict[str, Any]) -> bool:
+    """Whether a round's record carries an evaluation (its accuracy columns)."""
+    return any(k.startswith("acc_") for k in record)
+
+
 def accuracy_summary(accuracy: np.ndarray, correct: np.ndarray, n: np.ndarray) -> dict[str, float]:
     """mean (unweighted over clients), weighted (Σcorrect/Σn), worst, bottom-20 %, gap."""
     acc = np.sort(np.asarray(accuracy, dtype=np.float64))

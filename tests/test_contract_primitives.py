@@ -246,6 +246,16 @@ def test_workers_write_personal_checkpoints_and_only_the_last_few_are_kept(small
     assert len(heads) == 8
 
 
+def test_a_checkpoint_due_within_checkpoint_min_s_of_the_last_is_not_taken(small_spec, tmp_path):
+    spec = small_spec(federation__rounds=6)
+    taken = []
+    run_experiment(spec, out=str(tmp_path), checkpoint_every=2, checkpoint_min_s=1e6,
+                   checkpoint_last=True,
+                   on_round=lambda o, r, p, snapshot: taken.append(snapshot is not None))
+    # round 2 is the first due, 4 comes too soon, and the last round is exempt
+    assert taken == [False, True, False, False, False, True]
+
+
 def test_validation_split_is_carved_from_training_and_selects_the_best_round(small_spec):
     plain = build_federation(small_spec())
     spec = small_spec(scenario__val_fraction=0.2, federation__rounds=4, eval_every=1)

@@ -50,7 +50,7 @@ def run_sweep(spec: Path, storage: Path, *extra: str, timeout: int = 600, **more
 
 def test_grid_of_gpu_share_trials_completes_with_exact_rows(tmp_path):
     spec = write_sweep(
-        tmp_path,
+        tmp_path, overrides={"federation.rounds": 4, "eval_every": 2}, report_min_s=1e6,
         methods=[{"name": "fedprox", "grid": {"method.params.mu": [0.0, 0.1],
                                               "federation.local_epochs": [1, 2]}}],
         resources={"workers": 2, "cpus_per_worker": 0.25, "gpus_per_worker": 0.25,
@@ -65,8 +65,12 @@ def test_grid_of_gpu_share_trials_completes_with_exact_rows(tmp_path):
     assert sum(line.startswith("[") and "] ok " in line for line in lines) == 4
     assert "\x1b[" not in proc.stdout + proc.stderr  # a plain log: no colour codes
     assert "WARNING" not in proc.stderr, proc.stderr
-    assert len(tables["rounds"]) == 4 * 3
-    assert len(tables["clients"]) == 4 * 3 * 6
+    assert len(tables["rounds"]) == 4 * 4  # every round in the tables
+    assert len(tables["clients"]) == 4 * 2 * 6  # evaluated in rounds 2 and 4
+    for trial_id in tables["trials"]["trial_id"]:  # Tune got the first round, then only the
+        # evaluations and the end: report_min_s holds back round 3
+        lines = (tmp_path / "out" / "t" / trial_id / "result.json").read_text().splitlines()
+        assert [json.loads(line)["round"] for line in lines] == [1, 2, 4]
     assert (tables["trials"]["resources.gpus_per_worker"] == 0.25).all()
     assert "leaderboard" in proc.stdout and "mu=0.1, local_epochs=2" in proc.stdout
     assert f"tables: {tmp_path / 'out' / 't' / 'tables'}/{{trials,rounds,clients,leaderboard}}/" \

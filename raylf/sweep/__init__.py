@@ -2,10 +2,11 @@
 on validation data followed by the chosen points × seeds (``raylf.sweep.stages``).
 
 Each trial is a Tune function trial that reserves one placement-group bundle for itself, one for
-the coordinator and one per client worker; it reports every round, checkpoints every
-``checkpoint_every`` rounds (at most once per ``checkpoint_min_s``), and writes its own rows of
-the Arrow tables under ``<storage>/<name>/tables/``; once they record its end, it drops its
-checkpoints (``raylf.checkpoints``). A sweep directory that already exists is resumed (finished
+the coordinator and one per client worker; it reports its rounds to Tune (every evaluation, the
+others at most once per ``report_min_s``), checkpoints every ``checkpoint_every`` rounds (at most
+once per ``checkpoint_min_s``), and writes its own rows of the Arrow tables under
+``<storage>/<name>/tables/``; once they record its end, it drops its checkpoints
+(``raylf.checkpoints``). A sweep directory that already exists is resumed (finished
 trials are kept, unfinished ones continue from their last checkpoint).
 
 The console shows the plan, one line per finished trial and a progress line with an ETA, then

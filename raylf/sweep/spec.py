@@ -37,7 +37,7 @@ from raylf.labels import point_label
 
 SWEEP_FIELDS = ("name", "base", "experiment", "overrides", "grid", "methods", "seeds",
                 "search_seeds", "top_k", "resources", "max_concurrent", "checkpoint_every",
-                "checkpoint_min_s", "max_failures", "keep_final_states")
+                "checkpoint_min_s", "report_min_s", "max_failures", "keep_final_states")
 DISTRIBUTIONS = ("uniform", "loguniform", "choice", "randint", "quniform")
 
 
@@ -195,6 +195,15 @@ class SweepSpec(Strict):
         10.0, ge=0, description="least seconds between two checkpoints of a trial: fast rounds "
                                 "would otherwise make Tune snapshot the whole experiment every "
                                 "few rounds")
+    # Evidence for 1 s (benchmarks/cheap_trials.py, 48 trials on 2 cores, benchmarks README
+    # "Cheap trials"): with every round reported, Tune's hand-over of each report (the trial
+    # waits for the driver to take it) and the driver's work on it (loggers, console, searcher)
+    # cost more than a tiny round; rounds of a second or more are all reported anyway.
+    report_min_s: float = Field(
+        1.0, ge=0, description="least seconds between two of a trial's Tune reports, except "
+                               "that a round that evaluates, is checkpointed, diverges or ends "
+                               "the trial is always reported (the tables record every round "
+                               "either way); 0 reports every round to Tune and the trackers")
     max_failures: int = Field(2, ge=0, description="retries of a failed trial (from checkpoint)")
     keep_final_states: list[str] = Field(
         default_factory=list, description="methods whose trials keep their final personal "

@@ -1,5 +1,6 @@
-"""The Tune function trial of a sweep: one experiment, reporting every round to Tune and to Ray's
-metrics, checkpointing, resuming from Tune's checkpoint, and counting its attempts.
+"""The Tune function trial of a sweep: one experiment, reporting its rounds to Tune (every
+evaluation, checkpoint and end; the others at most once per ``report_min_s``) and every round to
+Ray's metrics, checkpointing, resuming from Tune's checkpoint, and counting its attempts.
 
 A trial whose tables record an end for good is never run again (``finished_row``); once they
 do, its checkpoints are dropped (``raylf.checkpoints``)."""
@@ -19,6 +20,7 @@ import torch
 from ray import tune
 
 from raylf import checkpoints, results
+from raylf.metrics import evaluates
 from raylf.sweep.search import objective_value, stop_mark
 from raylf.sweep.writable import StorageUnwritable
 
@@ -82,10 +84,13 @@ def _metrics(values: dict[str, Any], objective: str | None) -> dict[str, Any]:
 
 
 def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoint_min_s: float,
-              keep_final_states: tuple[str, ...]) -> None:
+              report_min_s: float, keep_final_states: tuple[str, ...]) -> None:
     """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one;
     its checkpoints dropped once its tables record its end (the final personal states kept for
-    the methods in ``keep_final_states``)."""
+    the methods in ``keep_final_states``). A round goes to Tune when it evaluates (ASHA and the
+    trackers act on those), carries a checkpoint, diverges or ends the trial, and otherwise
+    only ``report_min_s`` after the previous report: each report waits for the driver to take
+    it, which on tiny rounds costs more than the round."""
     from raylf.experiment import Progress, RecordedStop, run_experiment
     from raylf.run import enforce_time_budget
 
@@ -117,23 +122,25 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoin
             snapshot = torch.load(Path(folder) / "state.pt", weights_only=True)
     metrics = TrialMetrics(stage.sweep, trial_id, spec.method.name)
     tune_trial = tune.get_context().get_trial_id()
-    last_saved = -math.inf
+    last_reported = -math.inf
 
     def on_round(outcome, runtime, prog, snapshot):
-        nonlocal last_saved
+        nonlocal last_reported
         report = {"trial_id": trial_id, **_metrics(outcome.record, stage.objective)}
         metrics.record(outcome.record)
-        final = prog.next_round > spec.federation.rounds  # a final snapshot: the kept final states
-        if snapshot is None or (not final and time.monotonic() - last_saved < checkpoint_min_s):
-            tune.report(report)
-        else:
+        final = prog.next_round > spec.federation.rounds
+        if snapshot is not None:
             with tempfile.TemporaryDirectory() as folder:
                 state = {"next_round": prog.next_round, "rounds": prog.rounds,
                          "clients": prog.clients, "wall_s": prog.wall_s}
                 (Path(folder) / "progress.json").write_text(json.dumps(state))
                 torch.save(snapshot, Path(folder) / "state.pt")
                 tune.report(report, checkpoint=tune.Checkpoint.from_directory(folder))
-            last_saved = time.monotonic()
+            last_reported = time.monotonic()
+        elif (final or outcome.diverged or stage.objective in report
+              or evaluates(outcome.record) or time.monotonic() - last_reported >= report_min_s):
+            tune.report(report)
+            last_reported = time.monotonic()
         enforce_time_budget(spec, prog)
         stop = stage.scheduled and not final and stop_mark(stage.path, tune_trial)
         if stop and outcome.record["round"] >= stop["round"]:
@@ -147,8 +154,9 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoin
     try:
         run_experiment(spec, backend="ray", out=root, trial_id=trial_id, sweep=stage.sweep,
                        placement=placement, on_round=on_round, checkpoint_every=checkpoint_every,
-                       checkpoint_last=keep, progress=progress, snapshot=snapshot,
-                       reraise=True, extra={"attempts": attempts, **stage.extra})
+                       checkpoint_min_s=checkpoint_min_s, checkpoint_last=keep,
+                       progress=progress, snapshot=snapshot, reraise=True,
+                       extra={"attempts": attempts, **stage.extra})
         if finished_row(root, trial_id) is not None:  # its tables record an end for good
             checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
     except OSError as err:
