@@ -13,35 +13,13 @@ from pathlib import Path
 from urllib.error import URLError
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
 from raylf.errors import SpecError
-from raylf.registry import Registry
 
-
-class ModelParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SplitModel(nn.Module):
-    # ``channels_last_on_cpu``: whether a CPU trainer runs this model's convolutions on
-    # channels-last activations (``raylf.training.rewrites.run_channels_last``), set by the models
-    # measured faster that way. Local SGD of one client, batch 32, one thread, this 2-core Xeon,
-    # NCHW time over channels-last time: cnn [16, 32] on 3×32×32 1.45×, on 1×28×28 1.18×, on
-    # 1×8×8 1.09×; mobilenet_v2 on 3×32×32 1.51×; resnet18 0.89× and vgg16_cifar 0.78× (slower:
-    # left NCHW).
-    def __init__(self, encoder: nn.Module, head: nn.Module, channels_last_on_cpu: bool = False):
-        super().__init__()
-        self.encoder = encoder
-        self.head = head
-        self.channels_last_on_cpu = channels_last_on_cpu
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(x))
-
-
-MODELS: Registry = Registry("model")
+# the package's names for its users (raylf.models.build_model, …), defined in base
+from raylf.models.base import MODELS, ModelParams, SplitModel, build_model  # noqa: F401
 
 
 def _flat_size(module: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -186,11 +164,6 @@ class MobileNetV2:
         head = net.classifier[-1]
         net.classifier[-1] = nn.Identity()
         return SplitModel(net, head, channels_last_on_cpu=True)
-
-
-def build_model(name: str, params: BaseModel, input_shape: tuple[int, ...],
-                num_classes: int) -> SplitModel:
-    return MODELS.get(name).build(params, tuple(input_shape), num_classes)
 
 
 from raylf.models import paper  # noqa: E402, F401  (registers char_lstm, vgg16_cifar)

@@ -7,7 +7,7 @@ from pydantic import Field
 from torch import nn
 
 from raylf.errors import SpecError
-from raylf.models import MODELS, ModelParams, SplitModel
+from raylf.models.base import MODELS, ModelParams, SplitModel
 
 VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
