@@ -266,8 +266,8 @@ def test_unwritable_storage_path(ray_cluster, tmp_path, capsys):
     blocker.write_text("not a directory")
     spec = write_sweep(tmp_path, resources={"workers": 1, "cpus_per_worker": 0.5})
     code = sweep_cli.main([str(spec), "--storage", str(blocker / "out")])
-    assert_refused(code, capsys.readouterr().err, "--storage", "choose a writable --storage",
-                   blocker / "out")
+    assert_refused(code, capsys.readouterr().err, "--storage",
+                   "choose a --storage you may read and write", blocker / "out")
 
 
 def test_impossible_resources_for_a_sweep(ray_cluster, tmp_path, capsys):

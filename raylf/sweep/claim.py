@@ -9,6 +9,7 @@ from typing import Any
 from raylf import results
 from raylf.config import SpecError
 from raylf.sweep.spec import SearchPlan, SweepSpec, Trial
+from raylf.sweep.writable import unusable
 
 
 def sweep_identity(sweep: SweepSpec, trials: list[Trial],
@@ -28,10 +29,16 @@ def _sweep_marker(path: str):
 
 
 def claimed(path: str) -> bool:
+    """Whether ``path`` holds a sweep's claim. The first read of the storage, before anything
+    starts: a storage that refuses it (credentials that may not even look up an object) is a
+    spec error naming ``--storage``."""
     import pyarrow.fs as pafs
 
     fs, marker = _sweep_marker(path)
-    return fs.get_file_info(marker).type == pafs.FileType.File
+    try:
+        return fs.get_file_info(marker).type == pafs.FileType.File
+    except OSError as err:
+        raise unusable(f"read {path}/sweep.json", err) from None
 
 
 def check_same_sweep(path: str, identity: dict[str, Any]) -> None:

@@ -24,12 +24,17 @@ def probe_storage(root: str) -> None:
     fs.delete_file(probe)
 
 
+def unusable(what: str, err: OSError) -> SpecError:
+    """The spec error of a storage that refused ``what`` (e.g. "write to s3://b/p")."""
+    return SpecError([("--storage", (
+        f"cannot {what}: {err}; choose a --storage you may read and write (a directory you "
+        "own, or an s3:// bucket your credentials may get, list, put and delete objects in; "
+        "for an endpoint other than AWS set AWS_ENDPOINT_URL)"))])
+
+
 def check_storage(root: str) -> None:
     """The sweep directory can be written, before anything starts."""
     try:
         probe_storage(root)
     except OSError as err:
-        raise SpecError([("--storage", (
-            f"cannot write to {root}: {err}; choose a writable --storage (a directory you own, "
-            "or an s3:// bucket your credentials may put and delete objects in; for an "
-            "endpoint other than AWS set AWS_ENDPOINT_URL)"))]) from None
+        raise unusable(f"write to {root}", err) from None
