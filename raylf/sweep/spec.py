@@ -195,10 +195,12 @@ class SweepSpec(Strict):
         10.0, ge=0, description="least seconds between two checkpoints of a trial: fast rounds "
                                 "would otherwise make Tune snapshot the whole experiment every "
                                 "few rounds")
-    # Evidence for 1 s (benchmarks/cheap_trials.py, 48 trials on 2 cores, benchmarks README
-    # "Cheap trials"): with every round reported, Tune's hand-over of each report (the trial
-    # waits for the driver to take it) and the driver's work on it (loggers, console, searcher)
-    # cost more than a tiny round; rounds of a second or more are all reported anyway.
+    # Evidence for 1 s (benchmarks/cheap_trials.py, 48 trials of a digits MLP on 2 cores,
+    # benchmarks README "Cheap trials"): with every round reported, a warm 100-round trial spent
+    # about 4.7 ms a round waiting in tune.report for the driver (the round itself: 6-7 ms), and
+    # the sweep's trial phase was 2.84x (2.55x on a quieter run) its compute bound; with 1 s it
+    # was 2.28x (2.18x). Rounds of a second or more (the paper-scale specs) are all reported
+    # anyway, so the default only thins out tiny rounds.
     report_min_s: float = Field(
         1.0, ge=0, description="least seconds between two of a trial's Tune reports, except "
                                "that a round that evaluates, is checkpointed, diverges or ends "
