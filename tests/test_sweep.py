@@ -10,12 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from raylf import results
+from raylf.config import validate
+from raylf.experiment import run_experiment
+from raylf.sweep.trial import ReportGate
 
 ROOT = Path(__file__).resolve().parents[1]
+MEASURED = re.compile(r".*(_s|_mb)$")  # seconds and memory: measured, not computed
 
 BASE = {
     "dataset": {"name": "digits"},
@@ -67,10 +72,10 @@ def test_grid_of_gpu_share_trials_completes_with_exact_rows(tmp_path):
     assert "WARNING" not in proc.stderr, proc.stderr
     assert len(tables["rounds"]) == 4 * 4  # every round in the tables
     assert len(tables["clients"]) == 4 * 2 * 6  # evaluated in rounds 2 and 4
-    for trial_id in tables["trials"]["trial_id"]:  # Tune got the first round, then only the
-        # evaluations and the end: report_min_s holds back round 3
+    for trial_id in tables["trials"]["trial_id"]:  # Tune got the first round and the end:
+        # report_min_s holds back the rest, evaluation round 2 too, which nothing shows (no --log)
         lines = (tmp_path / "out" / "t" / trial_id / "result.json").read_text().splitlines()
-        assert [json.loads(line)["round"] for line in lines] == [1, 2, 4]
+        assert [json.loads(line)["round"] for line in lines] == [1, 4]
     assert (tables["trials"]["resources.gpus_per_worker"] == 0.25).all()
     assert "leaderboard" in proc.stdout and "mu=0.1, local_epochs=2" in proc.stdout
     assert f"tables: {tmp_path / 'out' / 't' / 'tables'}/{{trials,rounds,clients,leaderboard}}/" \
@@ -117,6 +122,17 @@ def test_trials_that_ended_for_good_leave_no_checkpoint_but_the_final_states_kep
     assert diagnostics.main(["donor-swap", str(root)]) == 0
     swapped = results.load(root)["donor_swap"]
     assert set(swapped["trial_id"]) == {ids["hdcfl"]}
+
+    # one worker: each trial trained in its trial function's own process, with the numbers the
+    # in-process backend gives the same spec
+    assert set(trials["backend"]) == {"inline"}
+    swept = results.load(root)["clients"]
+    swept = swept[swept["trial_id"] == ids["fedavg_se"]].reset_index(drop=True)
+    config = pq.read_schema(root / "tables" / "clients" / f"{ids['fedavg_se']}.parquet").metadata
+    local = run_experiment(validate(json.loads(config[b"config"])), backend="local")
+    local = results.to_table(local.tables["clients"], {}).to_pandas()
+    same = [c for c in local.columns if c != "trial_id" and not MEASURED.match(c)]
+    assert len(swept) > 0 and swept[same].equals(local[same])
 
     failed = sorted((root / ids["faulty_once"]).glob("checkpoint_*"))
     assert [p.name for p in failed] == reported(ids["faulty_once"])[-len(failed):]
@@ -251,3 +267,21 @@ def test_console_line_of_a_multi_task_trial_shows_its_reported_model_per_task(tm
             "acc_worst_multiclass 0.2500  1.0s"
     assert shown in line and "own_heads" not in line
 
+
+
+def test_tune_gets_the_rounds_something_acts_on_and_the_others_once_per_report_min_s():
+    def due(gate, record, now, objective=None, **ends):
+        report = {k: v for k, v in record.items() if k != "val_acc_mean" or objective}
+        flags = {"final": False, "diverged": False, "checkpointed": False} | ends
+        return gate.due(record, report, objective, now=now, **flags)
+
+    plain, evaluated = {"round": 2, "loss": 1.0}, {"round": 2, "acc_mean": 0.5, "val_acc_mean": 0.4}
+    quiet, shown = ReportGate(min_s=10.0, evaluations=False), ReportGate(10.0, evaluations=True)
+    assert due(quiet, plain, now=0.0) and due(shown, plain, now=0.0)  # the first round
+    assert not due(quiet, plain, now=5.0) and not due(quiet, evaluated, now=5.0)
+    assert due(shown, evaluated, now=5.0)  # --log or --verbose shows every evaluation
+    assert not due(shown, plain, now=9.0)  # 10 s after the last report, not the first
+    assert due(quiet, evaluated, now=6.0, objective="val_acc_mean")  # ASHA or a searcher
+    for end in ("final", "diverged", "checkpointed"):
+        assert due(quiet, plain, now=7.0, **{end: True})
+    assert not due(quiet, plain, now=16.9) and due(quiet, plain, now=17.0)

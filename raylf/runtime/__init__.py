@@ -1,4 +1,5 @@
-"""Backends that run an experiment's rounds: in-process (``local``) and on Ray (``ray``)."""
+"""Backends that run an experiment's rounds: in-process (``local``) and on Ray (``ray``); a Ray
+trial of one worker trains in its own process (``inline``, chosen by the sweep, not a user)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ def open_runtime(backend: str, blueprint: Blueprint, placement=None, label: str 
         from raylf.runtime.local import LocalRuntime
 
         return LocalRuntime(blueprint)
+    if backend == "inline":
+        from raylf.runtime.inline import InlineRuntime
+
+        return InlineRuntime(blueprint)
     if backend == "ray":
         from raylf.runtime.ray_backend import RayRuntime
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
+from raylf.runtime.memory import keep_freed_memory
 from raylf.runtime.shard import ClientShard
 
 
@@ -33,6 +36,15 @@ class LocalPool:
     def load_personal(self, folder):
         for shard in self.shards:
             shard.load_personal(folder)
+
+
+def hosting_pool(blueprint: Blueprint, client_ids: np.ndarray, threads: int) -> LocalPool:
+    """The only shard of a one-worker experiment, for a coordinator in the process that trains
+    it (a Ray host actor, or an inline trial's process): a process raylf trains in, so its
+    allocator keeps what training frees, once the shard's data are resident."""
+    shard = ClientShard(blueprint, client_ids, threads, index=0)
+    keep_freed_memory()
+    return LocalPool([shard])
 
 
 class LocalRuntime:

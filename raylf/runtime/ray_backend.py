@@ -28,7 +28,8 @@ from raylf.config import ResourceSpec
 from raylf.errors import SpecError
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
-from raylf.runtime.local import LocalPool
+from raylf.runtime.inline import overran
+from raylf.runtime.local import hosting_pool
 from raylf.runtime.memory import keep_freed_memory, reset_peak_memory
 from raylf.runtime.shard import ClientShard
 from raylf.tree import map_leaves, tensor_bytes
@@ -101,8 +102,7 @@ def wait(ref, timeout_s: float, what: str):
     try:
         return ray.get(ref, timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
-        raise TimeoutError(f"{what} took longer than resources.round_timeout_s={timeout_s:g} s; "
-                           "raise it if rounds are this slow") from None
+        raise overran(what, timeout_s) from None
 
 
 class Reopenable:
@@ -157,10 +157,8 @@ class RayHost(Reopenable, Coordinator):
     this one. The coordinator's bundle stays reserved and idle: a Tune trial's group was sized
     before the trial chose."""
 
-    def __init__(self, blueprint: Blueprint, client_ids, threads: int | None):
-        shard = ClientShard(blueprint, client_ids, threads, index=0)
-        keep_freed_memory()  # as RayShard: the process trains
-        super().__init__(blueprint, LocalPool([shard]))
+    def __init__(self, blueprint: Blueprint, client_ids, threads: int):
+        super().__init__(blueprint, hosting_pool(blueprint, client_ids, threads))
 
     def reopen(self, *args) -> None:
         reset_peak_memory()

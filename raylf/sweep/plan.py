@@ -11,11 +11,22 @@ from raylf.raycluster import Capacity
 from raylf.runtime.ray_backend import bundles
 from raylf.sweep.spec import SweepSpec, Trial
 
-TRIAL_CPUS = 0.25  # bundle 0: the trial function, which only drives rounds and writes tables
+TRIAL_CPUS = 0.25  # bundle 0: the trial function, which drives rounds and writes tables
+
+
+def trains_inline(spec: ExperimentSpec) -> bool:
+    """Whether a trial trains in its trial function's own process (``raylf.runtime.inline``):
+    with one worker there is nothing for actors to spread, only a hop to pay."""
+    return min(spec.resources.workers, spec.federation.num_clients) == 1
 
 
 def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
+    """Bundle 0 for the trial function (Tune runs it there), the coordinator's, then one per
+    client worker; an inline trial's one bundle holds its worker's resources as well."""
     workers = min(spec.resources.workers, spec.federation.num_clients)
+    if trains_inline(spec):
+        (worker,) = bundles(spec.resources, 1)[1:]
+        return [worker | {"CPU": TRIAL_CPUS + worker["CPU"]}]
     return [{"CPU": TRIAL_CPUS}] + bundles(spec.resources, workers)
 
 
@@ -80,8 +91,11 @@ def resource_lines(sweep: SweepSpec, trials: list[Trial], cluster: Capacity,
         grows = (f", up to {describe_resources(cluster.most)} by autoscaling"
                  if cluster.autoscaling else "")
         fit = f"{concurrent_fit(trials, cluster.most)} trial(s) fit at once{grows}"
-    return [f"bundles per trial: {trial_bundles(trials[0].spec)} (trial function, "
-            "coordinator, one per client worker)",
+    first = trials[0].spec
+    return [f"bundles per trial: {trial_bundles(first)} (" + (
+                "the trial function, which trains its one worker's clients itself" if
+                trains_inline(first) else "trial function, coordinator, one per client worker")
+            + ")",
             f"cluster ({where}): {describe_resources(cluster.now) or 'no resources'}; {fit}" +
             (f", capped at {cap} by max_concurrent" if cap else "")]
 

@@ -203,9 +203,10 @@ class SweepSpec(Strict):
     # anyway, so the default only thins out tiny rounds.
     report_min_s: float = Field(
         1.0, ge=0, description="least seconds between two of a trial's Tune reports, except "
-                               "that a round that evaluates, is checkpointed, diverges or ends "
-                               "the trial is always reported (the tables record every round "
-                               "either way); 0 reports every round to Tune and the trackers")
+                               "that a round that carries the objective, is checkpointed, "
+                               "diverges or ends the trial is always reported, and so is one "
+                               "that evaluates under --log or --verbose (the tables record "
+                               "every round either way); 0 reports every round to Tune")
     max_failures: int = Field(2, ge=0, description="retries of a failed trial (from checkpoint)")
     keep_final_states: list[str] = Field(
         default_factory=list, description="methods whose trials keep their final personal "

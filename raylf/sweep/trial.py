@@ -1,6 +1,6 @@
-"""The Tune function trial of a sweep: one experiment, reporting its rounds to Tune (every
-evaluation, checkpoint and end; the others at most once per ``report_min_s``) and every round to
-Ray's metrics, checkpointing, resuming from Tune's checkpoint, and counting its attempts.
+"""The Tune function trial of a sweep: one experiment, reporting to Tune the rounds something
+acts on (``ReportGate``) and every round to Ray's metrics, checkpointing, resuming from Tune's
+checkpoint, and counting its attempts.
 
 A trial whose tables record an end for good is never run again (``finished_row``); once they
 do, its checkpoints are dropped (``raylf.checkpoints``)."""
@@ -12,6 +12,7 @@ import math
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from ray import tune
 
 from raylf import checkpoints, results
 from raylf.metrics import evaluates
+from raylf.sweep.plan import trains_inline
 from raylf.sweep.search import objective_value, stop_mark
 from raylf.sweep.writable import StorageUnwritable
 
@@ -83,14 +85,37 @@ def _metrics(values: dict[str, Any], objective: str | None) -> dict[str, Any]:
     return report
 
 
+@dataclass
+class ReportGate:
+    """Which rounds a trial sends Tune. Each report waits for the driver to take it (Tune's
+    function runner blocks until then), and the driver's loggers and console work on each: on
+    tiny rounds that costs more than the round. So a round goes when something acts on it: it
+    carries the objective (ASHA, a searcher), a checkpoint, a divergence or the trial's end, or
+    it evaluates while ``evaluations`` says something shows every evaluation (``--log``
+    trackers, Tune's own progress table under ``--verbose``); any other round only
+    ``min_s`` after the previous report. The tables get every round whatever goes to Tune."""
+
+    min_s: float
+    evaluations: bool
+    last: float = -math.inf  # monotonic time of the last report
+
+    def due(self, record: dict[str, Any], report: dict[str, Any], objective: str | None, *,
+            final: bool, diverged: bool, checkpointed: bool, now: float) -> bool:
+        due = (checkpointed or final or diverged or objective in report
+               or (self.evaluations and evaluates(record)) or now - self.last >= self.min_s)
+        if due:
+            self.last = now
+        return due
+
+
 def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoint_min_s: float,
-              report_min_s: float, keep_final_states: tuple[str, ...]) -> None:
+              report_min_s: float, report_evaluations: bool,
+              keep_final_states: tuple[str, ...]) -> None:
     """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one;
     its checkpoints dropped once its tables record its end (the final personal states kept for
-    the methods in ``keep_final_states``). A round goes to Tune when it evaluates (ASHA and the
-    trackers act on those), carries a checkpoint, diverges or ends the trial, and otherwise
-    only ``report_min_s`` after the previous report: each report waits for the driver to take
-    it, which on tiny rounds costs more than the round."""
+    the methods in ``keep_final_states``); its rounds reported to Tune as ``ReportGate`` says.
+    A trial of one worker trains in this process (``raylf.sweep.plan.trains_inline``), others
+    on actors in the trial's placement group."""
     from raylf.experiment import Progress, RecordedStop, run_experiment
     from raylf.run import enforce_time_budget
 
@@ -122,25 +147,24 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoin
             snapshot = torch.load(Path(folder) / "state.pt", weights_only=True)
     metrics = TrialMetrics(stage.sweep, trial_id, spec.method.name)
     tune_trial = tune.get_context().get_trial_id()
-    last_reported = -math.inf
+    gate = ReportGate(report_min_s, report_evaluations)
 
     def on_round(outcome, runtime, prog, snapshot):
-        nonlocal last_reported
         report = {"trial_id": trial_id, **_metrics(outcome.record, stage.objective)}
         metrics.record(outcome.record)
         final = prog.next_round > spec.federation.rounds
-        if snapshot is not None:
+        due = gate.due(outcome.record, report, stage.objective, final=final,
+                       diverged=outcome.diverged, checkpointed=snapshot is not None,
+                       now=time.monotonic())
+        if due and snapshot is None:
+            tune.report(report)
+        elif due:
             with tempfile.TemporaryDirectory() as folder:
                 state = {"next_round": prog.next_round, "rounds": prog.rounds,
                          "clients": prog.clients, "wall_s": prog.wall_s}
                 (Path(folder) / "progress.json").write_text(json.dumps(state))
                 torch.save(snapshot, Path(folder) / "state.pt")
                 tune.report(report, checkpoint=tune.Checkpoint.from_directory(folder))
-            last_reported = time.monotonic()
-        elif (final or outcome.diverged or stage.objective in report
-              or evaluates(outcome.record) or time.monotonic() - last_reported >= report_min_s):
-            tune.report(report)
-            last_reported = time.monotonic()
         enforce_time_budget(spec, prog)
         stop = stage.scheduled and not final and stop_mark(stage.path, tune_trial)
         if stop and outcome.record["round"] >= stop["round"]:
@@ -150,12 +174,13 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoin
                 f"below its rung's cutoff ({spec.federation.rounds - stop['round']} rounds "
                 "saved)"))
 
-    placement = (ray.util.get_current_placement_group(), 1)
+    inline = trains_inline(spec)
+    placement = None if inline else (ray.util.get_current_placement_group(), 1)
     try:
-        run_experiment(spec, backend="ray", out=root, trial_id=trial_id, sweep=stage.sweep,
-                       placement=placement, on_round=on_round, checkpoint_every=checkpoint_every,
-                       checkpoint_min_s=checkpoint_min_s, checkpoint_last=keep,
-                       progress=progress, snapshot=snapshot, reraise=True,
+        run_experiment(spec, backend="inline" if inline else "ray", out=root, trial_id=trial_id,
+                       sweep=stage.sweep, placement=placement, on_round=on_round,
+                       checkpoint_every=checkpoint_every, checkpoint_min_s=checkpoint_min_s,
+                       checkpoint_last=keep, progress=progress, snapshot=snapshot, reraise=True,
                        extra={"attempts": attempts, **stage.extra})
         if finished_row(root, trial_id) is not None:  # its tables record an end for good
             checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)

@@ -40,6 +40,8 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
         tune.with_parameters(run_trial, stage=stage, checkpoint_every=sweep.checkpoint_every,
                              checkpoint_min_s=sweep.checkpoint_min_s,
                              report_min_s=sweep.report_min_s,
+                             # what shows every evaluation: the trackers, Tune's progress table
+                             report_evaluations=bool(trackers) or verbose,
                              keep_final_states=tuple(sweep.keep_final_states)),
         lambda config: tune.PlacementGroupFactory(
             trial_bundles(stage.trial(config).spec), strategy="PACK"))

@@ -41,7 +41,7 @@ def test_node_lost_mid_sweep_its_trial_is_retried_on_the_other_node(tmp_path):
         tmp_path, seeds=[0, 1], max_concurrent=2, max_failures=1, checkpoint_every=1,
         checkpoint_min_s=0, overrides={"federation.rounds": ROUNDS},
         methods=[{"name": "gated_fedavg_se", "params": {"gate_round": 2, "gate_file": str(gate)}}],
-        resources={"workers": 1, "cpus_per_worker": 0.5})  # 1 CPU a trial: one per node
+        resources={"workers": 1, "cpus_per_worker": 0.5})  # 0.75 CPU a trial: one per node
     storage = tmp_path / "out"
     root = storage / "t"
     with ClusterProcess(workers=[{"num_cpus": 1}, {"num_cpus": 1}]) as cluster:
@@ -71,9 +71,9 @@ def test_node_lost_mid_sweep_its_trial_is_retried_on_the_other_node(tmp_path):
 @pytest.mark.slow
 def test_autoscaling_cluster_grows_from_no_workers_to_fit_the_trials_and_back(tmp_path):
     """The head has no CPU and no GPU; Ray's autoscaler (fake provider) launches nodes of one
-    CPU and one logical GPU. A trial's bundles (0.25 CPU for its function, 0.25 for the
-    coordinator, 0.5 CPU and the GPU for its worker) fill one node, so two concurrent trials
-    need two nodes, and the nodes go once they stand idle."""
+    CPU and one logical GPU. A trial's one bundle (0.25 CPU for its function, 0.5 CPU and the
+    GPU for the one worker it trains itself) takes a node's GPU, so two concurrent trials need
+    two nodes, and the nodes go once they stand idle."""
     spec = write_sweep(
         tmp_path, seeds=[0, 1], max_concurrent=2, overrides={"federation.rounds": ROUNDS},
         resources={"workers": 1, "cpus_per_worker": 0.5, "gpus_per_worker": 1})

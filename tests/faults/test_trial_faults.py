@@ -24,6 +24,8 @@ def test_raising_diverging_and_overtime_trials_are_recorded_and_the_sweep_goes_o
                                                "failures": 5}},
             {"name": "fedavg", "grid": {"federation.optimizer.lr": [1.0e6]}},
             {"name": "fedprox", "grid": {"resources.trial_timeout_s": [1.0e-3]}},
+            {"name": "faulty_once", "grid": {"resources.round_timeout_s": [10.0]},
+             "params": {"fail_round": 2, "marker": str(tmp_path / "hangs"), "hang": True}},
             {"name": "fedavg"}],
         resources={"workers": 1, "cpus_per_worker": 0.5})
     proc = run_sweep(spec, tmp_path / "out", RAYLF_PLUGINS="tests.plugins.faulty")
@@ -32,6 +34,9 @@ def test_raising_diverging_and_overtime_trials_are_recorded_and_the_sweep_goes_o
     by_marker = trials.set_index(trials["method.params.marker"].fillna(trials["method"]))
     retried, failed = by_marker.loc[str(tmp_path / "once")], by_marker.loc[str(tmp_path / "always")]
     assert (retried["status"], retried["attempts"]) == ("ok", 2)
+    # one worker trains in the trial's own process: its round timeout still ends a hung round
+    hung = by_marker.loc[str(tmp_path / "hangs")]
+    assert (hung["status"], hung["attempts"], hung["backend"]) == ("ok", 2, "inline")
     assert (failed["status"], failed["attempts"]) == ("failed", 2)
     assert "injected worker failure in round 2" in failed["error"]
     diverged, overtime = by_marker.loc["fedavg"], by_marker.loc["fedprox"]
@@ -40,9 +45,11 @@ def test_raising_diverging_and_overtime_trials_are_recorded_and_the_sweep_goes_o
     assert "lower federation.optimizer.lr" in diverged["error"]
     assert overtime["status"] == "timeout" and overtime["rounds"] == 1
     assert "exceeds resources.trial_timeout_s=0.001" in overtime["error"]
-    assert set(trials["status"]) == {"ok", "failed", "diverged", "timeout"} and len(trials) == 5
+    assert set(trials["status"]) == {"ok", "failed", "diverged", "timeout"} and len(trials) == 6
     lines = proc.stdout.splitlines()
-    assert sum(" retry " in line for line in lines) == 2  # each faulty trial's first attempt
+    assert sum(" retry " in line for line in lines) == 3  # each faulty trial's first attempt
+    assert any(" retry " in line and "round 2 took longer than resources.round_timeout_s=10 s"
+               in line for line in lines), proc.stdout
     for status, reason in [("failed", "RuntimeError: injected worker failure in round 2"),
                            ("diverged", "diverged in round 1"),
                            ("timeout", "stopped after round 1")]:

@@ -2,11 +2,13 @@
 
 The first ``failures`` attempts that reach ``fail_round`` raise (each leaves a line in the
 ``marker`` file); later attempts pass, so ``failures`` above a sweep's ``max_failures`` makes a
-trial that fails for good.
+trial that fails for good. With ``hang`` those attempts hang instead of raising: a round that
+only ``resources.round_timeout_s`` can end.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from pydantic import Field
@@ -20,6 +22,10 @@ class FaultyOnceParams(MethodParams):
     fail_round: int = Field(ge=1)
     marker: str = Field(description="file counting the failures so far")
     failures: int = Field(1, ge=1, description="attempts that fail before one passes")
+    hang: bool = Field(False, description="fail by waiting (HANG_S) instead of raising")
+
+
+HANG_S = 600.0  # far beyond any round timeout a test sets; the process ends before it
 
 
 class FaultyOnce(FedAvg):
@@ -32,6 +38,8 @@ class FaultyOnce(FedAvg):
         if rnd == self.params.fail_round and failed < self.params.failures:
             with marker.open("a") as f:
                 f.write("failed\n")
+            if self.params.hang:
+                threading.Event().wait(HANG_S)
             raise RuntimeError(f"injected worker failure in round {rnd}")
         return super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
 

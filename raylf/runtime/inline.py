@@ -1,0 +1,87 @@
+"""The inline backend: a one-worker experiment trained in the calling process, which a Ray
+backend sets aside for it (a sweep trial's own, on a bundle holding the worker's resources:
+``raylf.sweep.plan``), every call bounded by ``resources.round_timeout_s`` as on Ray.
+
+Why: on the Ray backend a one-worker trial starts a host actor beside its trial function
+(``RayHost``): a second process per trial slot importing torch, a second load of the data, and
+Ray's task machinery on both ends of every round, all to relay rounds to a process that could
+train them itself. The cheap-trials sweep (benchmarks/cheap_trials.py: 48 trials of 100 rounds
+on 2 cores) spent 2.31x its in-process compute bound in its trial phase that way, 1.64x inline.
+
+A call runs on a helper thread that the caller waits for at most ``round_timeout_s``. A call
+that overruns cannot be stopped inside the process: it is left running and the run fails naming
+the setting (its tables written as on Ray). The process must then serve no other run; Tune ends
+the process of a failed trial instead of keeping it for the next one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from raylf.runtime.blueprint import Blueprint
+from raylf.runtime.coordinator import Coordinator, RoundOutcome
+from raylf.runtime.local import hosting_pool
+from raylf.runtime.memory import reset_peak_memory
+
+
+def overran(what: str, timeout_s: float) -> TimeoutError:
+    """The error of a call past ``resources.round_timeout_s``, naming the setting."""
+    return TimeoutError(f"{what} took longer than resources.round_timeout_s={timeout_s:g} s; "
+                        "raise it if rounds are this slow")
+
+
+def bounded(call: Callable[..., Any], *args, timeout_s: float, what: str) -> Any:
+    """``call(*args)`` on a helper thread, waited for at most ``timeout_s`` (then ``overran``;
+    the call goes on, unstoppable, in its daemon thread). Its exception is raised here, with its
+    own traceback."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call(*args)
+        except BaseException as exc:  # handed to the waiting caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"raylf {what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise overran(what, timeout_s)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+class InlineRuntime:
+    """The coordinator and the only shard of a one-worker experiment, in this process."""
+
+    name = "inline"
+
+    def __init__(self, blueprint: Blueprint):
+        res = blueprint.spec.resources
+        (clients,) = blueprint.hosted()
+        self.timeout_s = res.round_timeout_s
+        reset_peak_memory()  # the process may have run an earlier trial: peaks are this one's
+        self.coordinator = Coordinator(blueprint, hosting_pool(blueprint, clients,
+                                                               res.threads_per_worker()))
+
+    def _bounded(self, what: str, call: Callable[..., Any], *args) -> Any:
+        return bounded(call, *args, timeout_s=self.timeout_s, what=what)
+
+    def run_round(self, rnd: int, then: int | None = None) -> RoundOutcome:
+        """Round ``rnd``; ``then`` (the next round, for overlapping backends) is ignored."""
+        return self._bounded(f"round {rnd}", self.coordinator.run_round, rnd)
+
+    def setup(self) -> RoundOutcome | None:
+        return self._bounded("the setup round", self.coordinator.setup)
+
+    def checkpoint(self, folder: str):
+        return self._bounded("a checkpoint", self.coordinator.checkpoint, folder)
+
+    def restore(self, snapshot) -> None:
+        self._bounded("restoring the checkpoint", self.coordinator.restore, snapshot)
+
+    def close(self, finished: bool = False) -> None:
+        pass
