@@ -101,7 +101,9 @@ class ResourceSpec(Strict):
     workers: int = Field(2, ge=1, description="client-worker actors, each hosting a shard")
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
-    coordinator_cpus: float = Field(0.25, gt=0)
+    coordinator_cpus: float = Field(
+        0.25, gt=0, description="the coordinator actor's CPUs (a one-worker sweep trial has no "
+                                "coordinator actor: its trial function trains, on one bundle)")
     round_timeout_s: float = Field(1800.0, gt=0, description="longest wait for one round")
     trial_timeout_s: float | None = Field(
         None, gt=0, description="wall-clock budget of one experiment, checked after each round; "
