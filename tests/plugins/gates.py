@@ -1,9 +1,9 @@
 """A test plugin: gates that hold a sweep at a chosen point until the test has acted.
 
 ``gated_fedavg_se`` is FedAvg-SE (private heads: personal state that a resume must restore)
-whose first client to reach ``gate_round`` creates ``gate_file`` (holding its worker's actor
-name and, on the next line, its node's id) and then waits for ``<gate_file>.release``;
-``kill_worker`` makes that worker ``ray.kill`` itself instead. With ``$RAYLF_TABLE_GATE`` set,
+whose first client to reach ``gate_round`` creates ``gate_file`` (holding its worker's name,
+``<trial id>/…``, and, on the next line, its node's id) and then waits for
+``<gate_file>.release``; ``kill_worker`` makes that worker ``ray.kill`` itself instead. With ``$RAYLF_TABLE_GATE`` set,
 the first trial to write its tables stops after its rounds and clients tables and before its
 trials row (written last) in the same way; with ``$RAYLF_DROP_GATE`` set, the first trial to
 drop its checkpoints (its tables complete) holds right after, before Tune has seen it end. A gate
@@ -42,6 +42,16 @@ def hold(gate: Path, note: str = "") -> None:
         time.sleep(0.05)
 
 
+def worker_name() -> str:
+    """The training worker's actor name (``<trial id>/<attempt>/worker-N``), or, for a trial
+    that trains in its own process (one worker: no worker actor), ``<trial id>/inline``."""
+    import ray
+    from ray import tune
+
+    return (ray.get_runtime_context().get_actor_name()
+            or f"{tune.get_context().get_trial_name()}/inline")
+
+
 class GatedParams(MethodParams):
     gate_round: int = Field(ge=1)
     gate_file: str
@@ -57,7 +67,7 @@ class GatedFedAvgSE(FedAvgSE):
         if rnd == self.params.gate_round and not gate.exists():
             import ray
 
-            actor = ray.get_runtime_context().get_actor_name() or ""
+            actor = worker_name()
             if self.params.kill_worker:
                 gate.write_text(actor)
                 ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
