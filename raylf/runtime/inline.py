@@ -6,16 +6,19 @@ Why: on the Ray backend a one-worker trial starts a host actor beside its trial 
 (``RayHost``): a second process per trial slot importing torch, a second load of the data, and
 Ray's task machinery on both ends of every round, all to relay rounds to a process that could
 train them itself. The cheap-trials sweep (benchmarks/cheap_trials.py: 48 trials of 100 rounds
-on 2 cores) spent 2.31x its in-process compute bound in its trial phase that way, 1.64x inline.
+on 2 cores) spent 2.31x its in-process compute bound in its trial phase that way, 1.64x inline
+(this change alone, the same hour).
 
-A call runs on a helper thread that the caller waits for at most ``round_timeout_s``. A call
-that overruns cannot be stopped inside the process: it is left running and the run fails naming
-the setting (its tables written as on Ray). The process must then serve no other run; Tune ends
-the process of a failed trial instead of keeping it for the next one.
+Every call runs on the runtime's one helper thread, which the caller waits for at most
+``round_timeout_s``. A call that overruns cannot be stopped inside the process: it is left
+running and the run fails naming the setting (its tables written as on Ray). The process must
+then serve no other run; Tune ends the process of a failed trial instead of keeping it for the
+next one.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,26 +35,37 @@ def overran(what: str, timeout_s: float) -> TimeoutError:
                         "raise it if rounds are this slow")
 
 
-def bounded(call: Callable[..., Any], *args, timeout_s: float, what: str) -> Any:
-    """``call(*args)`` on a helper thread, waited for at most ``timeout_s`` (then ``overran``;
-    the call goes on, unstoppable, in its daemon thread). Its exception is raised here, with its
-    own traceback."""
-    outcome: dict[str, Any] = {}
+class Caller:
+    """One daemon thread that runs the calls handed to it, one at a time, each waited for at
+    most ``timeout_s`` (then ``overran``; the call goes on, unstoppable, and the caller is
+    useless after it). One thread for all of a run's calls: a thread per call cost a round of
+    the cheap-trials workload 5 % (torch sets up each new thread's state on its first op)."""
 
-    def target() -> None:
-        try:
-            outcome["value"] = call(*args)
-        except BaseException as exc:  # handed to the waiting caller
-            outcome["error"] = exc
+    def __init__(self, name: str):
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
 
-    thread = threading.Thread(target=target, name=f"raylf {what}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise overran(what, timeout_s)
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, args, done, outcome = item
+            try:
+                outcome["value"] = call(*args)
+            except BaseException as exc:  # handed to the waiting caller
+                outcome["error"] = exc
+            done.set()
+
+    def __call__(self, call: Callable[..., Any], *args, timeout_s: float, what: str) -> Any:
+        """``call(*args)``'s value, or its exception raised here with its own traceback."""
+        done, outcome = threading.Event(), {}
+        self._calls.put((call, args, done, outcome))
+        if not done.wait(timeout_s):
+            raise overran(what, timeout_s)
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    def close(self) -> None:
+        self._calls.put(None)
 
 
 class InlineRuntime:
@@ -66,9 +80,10 @@ class InlineRuntime:
         reset_peak_memory()  # the process may have run an earlier trial: peaks are this one's
         self.coordinator = Coordinator(blueprint, hosting_pool(blueprint, clients,
                                                                res.threads_per_worker()))
+        self._caller = Caller("raylf inline rounds")  # last: close() ends its thread
 
     def _bounded(self, what: str, call: Callable[..., Any], *args) -> Any:
-        return bounded(call, *args, timeout_s=self.timeout_s, what=what)
+        return self._caller(call, *args, timeout_s=self.timeout_s, what=what)
 
     def run_round(self, rnd: int, then: int | None = None) -> RoundOutcome:
         """Round ``rnd``; ``then`` (the next round, for overlapping backends) is ignored."""
@@ -84,4 +99,4 @@ class InlineRuntime:
         self._bounded("restoring the checkpoint", self.coordinator.restore, snapshot)
 
     def close(self, finished: bool = False) -> None:
-        pass
+        self._caller.close()  # a stuck call's thread never takes it: it stays stuck
