@@ -3,12 +3,12 @@
 ``gated_fedavg_se`` is FedAvg-SE (private heads: personal state that a resume must restore)
 whose first client to reach ``gate_round`` creates ``gate_file`` (holding its worker's name,
 ``<trial id>/…``, and, on the next line, its node's id) and then waits for
-``<gate_file>.release``; ``kill_worker`` makes that worker ``ray.kill`` itself instead. With ``$RAYLF_TABLE_GATE`` set,
-the first trial to write its tables stops after its rounds and clients tables and before its
-trials row (written last) in the same way; with ``$RAYLF_DROP_GATE`` set, the first trial to
-drop its checkpoints (its tables complete) holds right after, before Tune has seen it end. A gate
-file that already exists lets everyone through, so a resumed attempt passes. Every wait has a
-deadline.
+``<gate_file>.release``; ``kill_worker`` makes that worker ``ray.kill`` itself instead. With
+``$RAYLF_TABLE_GATE`` set, the first trial to write its tables stops after its rounds and
+clients tables and before its trials row (written last) in the same way; with
+``$RAYLF_DROP_GATE`` set, the first trial to drop its checkpoints (its tables complete) holds
+right after, before Tune has seen it end. A gate file that already exists lets everyone
+through, so a resumed attempt passes. Every wait has a deadline.
 """
 
 from __future__ import annotations
