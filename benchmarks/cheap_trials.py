@@ -48,8 +48,8 @@ SWEEP = {
         "federation": {"num_clients": 10, "participation": 0.5, "rounds": 10, "batch_size": 32,
                        "optimizer": {"lr": 0.05}},
         "eval_every": 5,
-        # one worker of half a CPU: with the trial function and the coordinator's quarters,
-        # one CPU a trial, so two run at once on two cores
+        # one worker of half a CPU, trained in the trial function's own process (its quarter
+        # CPU beside it: raylf.sweep.plan), so two trials run at once on two cores
         "resources": {"workers": 1, "cpus_per_worker": 0.5},
     },
     "methods": [{"name": "fedprox", "grid": {"method.params.mu": [0.0, 0.001, 0.01, 0.1],
