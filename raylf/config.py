@@ -165,6 +165,11 @@ class ExperimentSpec(Strict):
             raise ValueError("give all, a number of clients ≥ 1, or a fraction in (0, 1]")
         return v
 
+    def active_workers(self) -> int:
+        """Client workers a run starts: ``resources.workers``, never more than the clients (a
+        worker hosts at least one)."""
+        return min(self.resources.workers, self.federation.num_clients)
+
     def evaluated_per_round(self) -> int | None:
         """How many clients a non-final evaluation round scores (None: all)."""
         if self.eval_clients == "all":

@@ -14,3 +14,10 @@ class SpecError(ValueError):
         lines = [f"invalid spec{where}:"]
         lines += [f"  {path or '<root>'}: {msg}" for path, msg in problems]
         super().__init__("\n".join(lines))
+
+
+def overran(what: str, timeout_s: float) -> TimeoutError:
+    """The error of a call past ``resources.round_timeout_s``, naming the setting (every
+    backend that bounds its calls raises this one)."""
+    return TimeoutError(f"{what} took longer than resources.round_timeout_s={timeout_s:g} s; "
+                        "raise it if rounds are this slow")

@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if not (args.address or os.environ.get("RAY_ADDRESS") or ray.is_initialized()):
             try:  # a local Ray that could never host the run is not started
-                check_fits(spec.resources, min(spec.resources.workers,
-                                               spec.federation.num_clients),
+                check_fits(spec.resources, spec.active_workers(),
                            local_totals(None, args.num_gpus, spec.resources.gpus_per_worker))
             except SpecError as err:
                 print(err, file=sys.stderr)

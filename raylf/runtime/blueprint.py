@@ -81,8 +81,8 @@ class Blueprint:
     def shards(self) -> list[np.ndarray]:
         """Each worker's home clients: contiguous, nearly equal blocks. A worker evaluates its
         home clients, and with sharded data it alone holds and trains them."""
-        workers = min(self.spec.resources.workers, self.federation.num_clients)
-        return np.array_split(np.arange(self.federation.num_clients), workers)
+        clients = np.arange(self.federation.num_clients)
+        return np.array_split(clients, self.spec.active_workers())
 
     @cached_property
     def replicated(self) -> bool:

@@ -23,16 +23,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from raylf.errors import overran
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
 from raylf.runtime.local import hosting_pool
 from raylf.runtime.memory import reset_peak_memory
-
-
-def overran(what: str, timeout_s: float) -> TimeoutError:
-    """The error of a call past ``resources.round_timeout_s``, naming the setting."""
-    return TimeoutError(f"{what} took longer than resources.round_timeout_s={timeout_s:g} s; "
-                        "raise it if rounds are this slow")
 
 
 class Caller:

@@ -25,10 +25,9 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raylf.config import ResourceSpec
-from raylf.errors import SpecError
+from raylf.errors import SpecError, overran
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
-from raylf.runtime.inline import overran
 from raylf.runtime.local import hosting_pool
 from raylf.runtime.memory import keep_freed_memory, reset_peak_memory
 from raylf.runtime.shard import ClientShard

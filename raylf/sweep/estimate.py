@@ -189,7 +189,7 @@ def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[Se
     shapes: dict[tuple, list[str]] = {}
     for t in estimate.trials:
         r = t.spec.resources
-        shape = (min(r.workers, t.spec.federation.num_clients), r.cpus_per_worker,
+        shape = (t.spec.active_workers(), r.cpus_per_worker,
                  r.gpus_per_worker, r.coordinator_cpus)
         shapes.setdefault(shape, []).append(t.trial_id)
     for ids in shapes.values():

@@ -17,17 +17,16 @@ TRIAL_CPUS = 0.25  # bundle 0: the trial function, which drives rounds and write
 def trains_inline(spec: ExperimentSpec) -> bool:
     """Whether a trial trains in its trial function's own process (``raylf.runtime.inline``):
     with one worker there is nothing for actors to spread, only a hop to pay."""
-    return min(spec.resources.workers, spec.federation.num_clients) == 1
+    return spec.active_workers() == 1
 
 
 def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
     """Bundle 0 for the trial function (Tune runs it there), the coordinator's, then one per
     client worker; an inline trial's one bundle holds its worker's resources as well."""
-    workers = min(spec.resources.workers, spec.federation.num_clients)
     if trains_inline(spec):
         (worker,) = bundles(spec.resources, 1)[1:]
         return [worker | {"CPU": TRIAL_CPUS + worker["CPU"]}]
-    return [{"CPU": TRIAL_CPUS}] + bundles(spec.resources, workers)
+    return [{"CPU": TRIAL_CPUS}] + bundles(spec.resources, spec.active_workers())
 
 
 def _needs(spec: ExperimentSpec) -> dict[str, float]:
