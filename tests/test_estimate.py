@@ -47,6 +47,17 @@ def test_a_budget_below_the_methods_is_refused():
         estimate.plan(main_trials(), budget=8, standins=False)
 
 
+def test_device_hours_count_what_a_trial_holds_its_bundles():
+    """A trial holds its bundles: the trial function's quarter CPU, the coordinator's and the
+    workers'; one that trains its one worker in its own process has no coordinator to count."""
+    spec = main_trials()[0].spec
+    two = spec.model_copy(update={"resources": spec.resources.model_copy(update={
+        "workers": 2, "cpus_per_worker": 1.5, "gpus_per_worker": 0.5, "coordinator_cpus": 2.0})})
+    one = two.model_copy(update={"resources": two.resources.model_copy(update={"workers": 1})})
+    assert (estimate.held(two, "CPU"), estimate.held(two, "GPU")) == (0.25 + 2.0 + 3.0, 1.0)
+    assert (estimate.held(one, "CPU"), estimate.held(one, "GPU")) == (0.25 + 1.5, 0.5)
+
+
 def test_the_estimate_times_stand_ins_of_the_real_size(tmp_path, monkeypatch):
     """Without CIFAR and the ImageNet weights, the timing trials read CIFAR's stand-in at the
     real size (50,000 training images: a round costs what it would on the real data) and

@@ -39,7 +39,7 @@ from raylf.errors import SpecError
 from raylf.experiment import default_trial_id
 from raylf.raycluster import Capacity
 from raylf.sweep.console import duration
-from raylf.sweep.plan import concurrent_fit, describe_resources
+from raylf.sweep.plan import concurrent_fit, describe_resources, trial_needs
 from raylf.sweep.smoke import configuration, distinct, standin_inputs
 from raylf.sweep.spec import SearchPlan, Trial
 
@@ -155,11 +155,9 @@ def plan(trials: list[Trial], rounds: int = ESTIMATE_ROUNDS, budget: int | None 
 
 
 def held(spec: ExperimentSpec, kind: str) -> float:
-    """GPUs or CPUs one trial of ``spec`` holds (its client workers and coordinator)."""
-    workers = min(spec.resources.workers, spec.federation.num_clients)
-    if kind == "GPU":
-        return workers * spec.resources.gpus_per_worker
-    return workers * spec.resources.cpus_per_worker + spec.resources.coordinator_cpus
+    """GPUs or CPUs one trial of ``spec`` holds: its bundles (``raylf.sweep.plan``), so a trial
+    that trains in its own process counts no coordinator."""
+    return trial_needs(spec).get(kind, 0.0)
 
 
 def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[SearchPlan],

@@ -29,7 +29,8 @@ def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
     return [{"CPU": TRIAL_CPUS}] + bundles(spec.resources, spec.active_workers())
 
 
-def _needs(spec: ExperimentSpec) -> dict[str, float]:
+def trial_needs(spec: ExperimentSpec) -> dict[str, float]:
+    """CPUs and GPUs one trial of ``spec`` holds: the sum of its bundles."""
     need: dict[str, float] = {}
     for bundle in trial_bundles(spec):
         for kind, amount in bundle.items():
@@ -39,7 +40,7 @@ def _needs(spec: ExperimentSpec) -> dict[str, float]:
 
 def concurrent_fit(trials: list[Trial], total: dict[str, float]) -> int:
     """How many of the largest trial fit in the cluster's totals at once (0 = never)."""
-    worst = max((_needs(t.spec) for t in trials), key=lambda n: sorted(n.items()))
+    worst = max((trial_needs(t.spec) for t in trials), key=lambda n: sorted(n.items()))
     return min(int(total.get(kind, 0) // amount + 1e-9) for kind, amount in worst.items())
 
 
@@ -47,7 +48,7 @@ def check_plan(trials: list[Trial], total: dict[str, float]) -> None:
     """Every trial's bundles fit the cluster's totals (Tune would leave it pending forever)."""
     problems = set()
     for trial in trials:
-        for kind, amount in _needs(trial.spec).items():
+        for kind, amount in trial_needs(trial.spec).items():
             if amount > total.get(kind, 0) + 1e-9:
                 field = "resources.gpus_per_worker" if kind == "GPU" else "resources"
                 fix = ("set resources.gpus_per_worker=0 to train on CPUs, or declare GPUs "
