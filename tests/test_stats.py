@@ -76,7 +76,7 @@ def test_versus_marks_ties_with_the_best_and_compares_with_the_papers_method():
         _values("T", {"fmtsvm": base}),
     ])
     means = values.groupby(["setting", "entry"], sort=False)["value"].mean()
-    result = stats.versus(values, means)
+    result = stats.versus(values, means, reproduced=("hdcfl", "fmtsvm"))
     s = result.loc["S"]
     best = set(s["best"])  # local and fedavg_se differ by noise: either is best, both tie
     assert best <= {"local", "fedavg_se"} and len(best) == 1

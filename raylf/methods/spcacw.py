@@ -183,6 +183,7 @@ class SPCACW(PeerStepMethod):
 
     name = "spcacw"
     Params = SPCACWParams
+    proposed_in = "SP-CACW: Convergence-Aware Client Weighting for Selfish Personalized Learning"
 
     @classmethod
     def check(cls, spec):
@@ -331,6 +332,7 @@ class SelfishUniform(FixedSelfish):
 class SelfishOracle(FixedSelfish):
     name = "selfish_oracle"
     requires = frozenset({"groups"})
+    oracle = True
 
     def alpha(self):
         return oracle_alpha(self.learners, self.ctx.latent_groups)

@@ -17,6 +17,7 @@ import pandas as pd
 
 from raylf import guards, results, stats
 from raylf.labels import config_labels, setting_labels
+from raylf.methods import reproduced
 
 # the per-client figure behind a trial-level one, with the trials column naming its round
 # (None: the last evaluated round); any other figure is compared per seed
@@ -67,7 +68,7 @@ class Sweep:
         if key not in self._cache:
             means = self.ok.groupby(["setting", "config"], sort=False)[value].mean()
             self._cache[key] = stats.versus(self.paired_values(value), means,
-                                             higher_is_better)
+                                             higher_is_better, reproduced=reproduced())
         return self._cache[key]
 
     def flags(self) -> pd.Series:

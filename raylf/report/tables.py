@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from raylf.guards import NOISE
+from raylf.methods import reproduced
 from raylf.report.data import Sweep, headline
 from raylf.results import STATUSES
-from raylf.stats import ALPHA, PAPER_METHODS, RESAMPLES, average_ranks, rank_test, shared_block
+from raylf.stats import ALPHA, RESAMPLES, average_ranks, rank_test, shared_block
 
 DAGGER = "†"
 FLAGGED = "‡"
@@ -365,7 +366,7 @@ def paired_statistics(sweep: Sweep) -> Table | None:
         configs = cells.loc[here, "Method"]
         marks.loc[here, "Mean"] = paired_marks(
             means[setting].reindex(configs), versus.loc[setting, "tied"].reindex(configs)).values
-    papers = ", ".join(PAPER_METHODS)
+    papers = ", ".join(reproduced())
     return Table(
         "Paired statistics (final round)",
         "Trials of one setting that share a seed share the partition, so each configuration is "

@@ -87,7 +87,10 @@ def _judged(board: pd.DataFrame, table: pd.DataFrame,
         clients = clients[clients["trial_id"].isin(set(ok["trial_id"]))]
     values = stats.paired_values(ok.dropna(subset=["_score"]), "_score",
                                  stats.client_accuracy(stats.reported_rows(clients, ok)))
-    judged = stats.versus(values, board.set_index(["setting", "entry"])["_rank"])
+    from raylf.methods import reproduced  # the registry imports torch: only once judged
+
+    judged = stats.versus(values, board.set_index(["setting", "entry"])["_rank"],
+                          reproduced=reproduced())
     judged["flags"] = guards.flags(ok, values, tables["rounds"], tables.get("alpha"))
     return judged
 
