@@ -191,6 +191,8 @@ def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, sta
         "dataset": spec.dataset.name, "scenario": spec.scenario.name, "model": spec.model.name,
         "seed": spec.seed, "backend": backend, "status": status, "error": error,
         "round_unit": METHODS.get(spec.method.name).round_unit,
+        "oracle": METHODS.get(spec.method.name).oracle,
+        "proposed_in": METHODS.get(spec.method.name).proposed_in,
         "diverged_round": diverged_round, "rounds": len(rounds), "wall_s": wall_s,
         "bytes_up": sum(r["bytes_up"] for r in rounds),
         "bytes_down": sum(r["bytes_down"] for r in rounds),

@@ -47,6 +47,9 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "data_origin": _STR,
     # what federation.rounds counts: "round", or "step" for the per-step methods
     "round_unit": _STR,
+    # the method's traits a report needs without importing it (raylf.methods.base.Method):
+    # a reference that reads the latent groups, and the paper that proposes the method
+    "oracle": pa.bool_(), "proposed_in": _STR,
 }
 
 

@@ -29,17 +29,4 @@ def build_method(name: str, params: MethodParams, ctx: MethodContext) -> Method:
     return METHODS.get(name)(params, ctx)
 
 
-def reproduced() -> tuple[str, ...]:
-    """The registered methods a paper proposes (``Method.proposed_in``): what reports compare
-    every configuration with, besides the best."""
-    return tuple(n for n in METHODS.names() if METHODS.get(n).proposed_in)
-
-
-def oracles() -> frozenset[str]:
-    """The registered references that read the latent groups (``Method.oracle``): never ranked
-    among the methods."""
-    return frozenset(n for n in METHODS.names() if METHODS.get(n).oracle)
-
-
-__all__ = ["METHODS", "Method", "MethodContext", "MethodParams", "build_method", "oracles",
-           "register", "reproduced"]
+__all__ = ["METHODS", "Method", "MethodContext", "MethodParams", "build_method", "register"]

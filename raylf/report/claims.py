@@ -67,7 +67,7 @@ import numpy as np
 import pandas as pd
 
 from raylf import stats
-from raylf.methods import oracles
+from raylf.labels import methods_with
 from raylf.report.measured import Measured
 from raylf.report.papers import LOWER_IS_BETTER, Claim, MethodRef, Paper, agrees, same
 from raylf.stats import ALPHA, one_sided, shared_block
@@ -219,7 +219,8 @@ class Evidence:
         if setting not in self.settings():
             return []
         methods = dict.fromkeys(self.means.loc[setting]["method"])
-        return [MethodRef(m) for m in methods if m not in oracles()]
+        oracles = set(methods_with(self._measured.trials, "oracle"))
+        return [MethodRef(m) for m in methods if m not in oracles]
 
     def mean(self, ref: MethodRef, settings: list[str]) -> float:
         return float(np.mean([self.means.loc[(s, self.pick(s, ref)), "mean"] for s in settings]))
@@ -446,7 +447,7 @@ def rises_with(evidence: Evidence, claim: Claim, reach: list[str]):
     if rows.empty or claim.field not in rows:
         return [], [], ""
     keyed = rows.groupby("setting", sort=False).first()
-    others = keyed[fields].astype(str).apply("|".join, axis=1)
+    others = keyed[fields].map(str).apply("|".join, axis=1)  # NaN as "nan", not dropped
     groups, parts = [], []
     for _, alike in keyed.groupby(others, sort=False):
         values = alike[claim.field].astype(float)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from raylf.guards import NOISE
-from raylf.methods import reproduced
+from raylf.labels import methods_with
 from raylf.report.data import Sweep, headline
 from raylf.results import STATUSES
 from raylf.stats import ALPHA, RESAMPLES, average_ranks, rank_test, shared_block
@@ -366,7 +366,7 @@ def paired_statistics(sweep: Sweep) -> Table | None:
         configs = cells.loc[here, "Method"]
         marks.loc[here, "Mean"] = paired_marks(
             means[setting].reindex(configs), versus.loc[setting, "tied"].reindex(configs)).values
-    papers = ", ".join(reproduced())
+    papers = ", ".join(methods_with(sweep.trials, "proposed_in")) or "none ran"
     return Table(
         "Paired statistics (final round)",
         "Trials of one setting that share a seed share the partition, so each configuration is "
