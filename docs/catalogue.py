@@ -41,8 +41,9 @@ description), so it says what the installed version validates. `tests/test_docs.
 it is stale; `python docs/catalogue.py` writes it anew.
 
 A parameter outside its bounds or a name a method does not have is a spec error naming the field
-(`method.params.mu: …`) before anything starts. What a method is built from, and how to write
-one, is on [the method contract](method-contract.md); what it writes, on [result tables](results.md).
+(`method.params.mu: …`) before anything starts. What a method writes is on
+[Result tables](results.md); what a method is built from, and how to write one, is the method
+contract (`docs/method-contract.md`).
 """
 
 REQUIREMENTS = {
