@@ -49,7 +49,8 @@ class HDCFLParams(MethodParams):
         None, ge=1, description="first refresh round T_a; none = 20 % of federation.rounds")
     descriptor: Literal["lowrank", "raw"] = Field(
         "lowrank", description="lowrank: top-r SVD scores of the centered heads; raw: the "
-                               "centered heads themselves (seed Table 10); both L2-normalized")
+                               "centered heads themselves (the paper's Table 10); both "
+                               "L2-normalized")
     membership: Literal["soft", "hard"] = Field(
         "soft", description="soft: softmax memberships; hard: one-hot k-means labels (Table 12)")
     head_pairing: Literal["current", "cached"] = Field(

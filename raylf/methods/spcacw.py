@@ -182,7 +182,7 @@ class FixedSelfish(PeerStepMethod):
 @register
 class SPCACW(PeerStepMethod):
     """One learner per target stepping along Σ_i α_ti g_i, α learned by Follow-the-Leader on the
-    epoch's quadratic proxy (the module docstring)."""
+    epoch's quadratic proxy, as the module docstring details."""
 
     name = "spcacw"
     Params = SPCACWParams
