@@ -1,5 +1,11 @@
 """The documentation site: Markdown pages (MyST) built by Sphinx with the Furo theme.
 
+Why not MkDocs: its last release (1.6.1) is from August 2024, and Material for MkDocs declares
+itself inactive (end of life May 2027); Zensical, its successor, was at 0.1 and its current
+release did not install from the package index. Sphinx, MyST-Parser and Furo are maintained, keep
+the pages plain Markdown that also reads on GitHub, and their strict build fails on a link to a
+missing page or heading and on a page missing from the navigation.
+
 Build it as the test suite does (tests/test_docs.py), strict, every warning an error:
 
     python -m sphinx -W --keep-going -n -b html docs docs/_build/html
