@@ -179,16 +179,24 @@ def method_section(name: str, cls: type) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render() -> str:
+def raylf_methods() -> dict[str, type]:
+    """The registered methods raylf itself defines, by name: a plugin's (``RAYLF_PLUGINS``, or a
+    test's) registered in this process is not part of the package's catalogue."""
     from raylf.methods import METHODS
 
-    names = METHODS.names()
+    return {name: METHODS.get(name) for name in METHODS.names()
+            if METHODS.get(name).__module__.startswith("raylf.")}
+
+
+def render() -> str:
+    methods = raylf_methods()
+    names = list(methods)
     index = ["| method | what it is |", "|---|---|"]
     for name in names:
-        cls = METHODS.get(name)
+        cls = methods[name]
         index.append(f"| [`{name}`](#{name.replace('_', '-')}) | "
                      f"{cell(first_sentence(own(cls) or family(cls)))} |")
-    sections = [method_section(name, METHODS.get(name)) for name in names]
+    sections = [method_section(name, methods[name]) for name in names]
     return "\n".join([HEADER, *index, "", *sections]).rstrip() + "\n"
 
 
