@@ -1,7 +1,7 @@
 """Analyses that need a run's final client models, not only its tables.
 
-``python -m raylf.diagnostics donor-swap RUN_DIR`` is HDC-FL's donor-compatibility study (seed
-000 Tables 4, 14, 15; spec A.8): for every target client k and donor j ≠ k it evaluates
+``python -m raylf.diagnostics donor-swap RUN_DIR`` is HDC-FL's donor-compatibility study (the
+HDC-FL paper's Tables 4, 14 and 15): for every target client k and donor j ≠ k it evaluates
 (φ_j, h_k) on k's test split. The benefit of a donor is loss(φ_k, h_k) − loss(φ_j, h_k); head
 similarity is minus the distance between the clients' head descriptors (low-rank and raw). Per
 target it records Spearman ρ (similarity vs benefit), AUROC and average precision of similarity

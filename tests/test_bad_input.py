@@ -305,8 +305,9 @@ def assert_refused(code: int, err: str, field: str, fix: str, *not_created: Path
 
 def test_yaml_1_1_words_mean_what_the_user_wrote(tmp_path):
     """``off`` / ``no`` are strings in a spec (only true / false are booleans, as in YAML 1.2):
-    ``cohort: off`` as the README writes it works in a file and with ``--set``, a boolean field
-    still takes ``no``, and a real boolean where a word is wanted is refused naming the field."""
+    ``cohort: off`` as docs/experiments.md writes it works in a file and with ``--set``, a boolean
+    field still takes ``no``, and a real boolean where a word is wanted is refused naming the
+    field."""
     from raylf.config import SpecError, load_spec
 
     path = tmp_path / "spec.yaml"

@@ -1,4 +1,5 @@
-"""DP calibration and accounting at the replace-one sensitivity 2·clip_norm (spec C, decision)."""
+"""DP calibration and accounting at the replace-one sensitivity 2·clip_norm (the FMT-SVM paper's
+section 3.5, read as local DP)."""
 
 import math
 

@@ -27,7 +27,7 @@ _ROT = {"name": "rotation", "groups": 4}
 _ROT_NOTE = "; rotation = 4 groups at 0/90/180/270 degrees (paper: 'four rotation conditions')"
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # HDC-FL (seed 000), Table 1 (ResNet-18) and Table 6 (MobileNetV2, prefix m-)
+    # the HDC-FL paper, Table 1 (ResNet-18) and Table 6 (MobileNetV2, prefix m-)
     "hdcfl-c10-ls2": _hdcfl("cifar10", {"name": "label_subset", "k": 2}),
     "hdcfl-c10-ls3": _hdcfl("cifar10", {"name": "label_subset", "k": 3}),
     "hdcfl-c10-rot": _hdcfl("cifar10", _ROT, extra=_ROT_NOTE),
@@ -39,7 +39,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "hdcfl-m-c10-a0.07": _hdcfl("cifar10", {"name": "dirichlet", "alpha": 0.07}, "mobilenet_v2"),
     "hdcfl-m-c10-ls3": _hdcfl("cifar10", {"name": "label_subset", "k": 3}, "mobilenet_v2"),
     "hdcfl-m-c100-ls3": _hdcfl("cifar100", {"name": "label_subset", "k": 3}, "mobilenet_v2"),
-    # SP-CACW (seed 001), section 6 and appendices G, H.1
+    # the SP-CACW paper, section 5 and appendices G, H.1
     "spcacw-mnist-label-switch": {
         "dataset": {"name": "mnist"}, "scenario": {"name": "label_permutation", "clusters": 3},
         "federation": {"num_clients": 7}, "model": _MNIST_MLP,
@@ -73,7 +73,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "note": "as n15-m7; model: CharLSTM"},
 }
 
-# FMT-SVM (seed 002): K = 5 clients, Dirichlet over the 3-class label, paper encoder (2.5)
+# the FMT-SVM paper: K = 5 clients, Dirichlet over the 3-class label (section 3.1.2), its
+# encoder (section 2.5)
 for _data, _short in (("pneumonia", "pneumonia"), ("breast_ultrasound", "ultrasound")):
     for _alpha in (0.3, 0.5, 0.9):
         PRESETS[f"fmtsvm-{_short}-a{_alpha}"] = {

@@ -1,7 +1,7 @@
 """Clustered oracles: references that read the scenario's true latent groups (``requires =
 {"groups"}``), the upper bounds clustered methods are read against.
 
-- ``clustered_oracle`` (methods.md: "Oracle: FedAvg inside each true latent group"): one whole
+- ``clustered_oracle`` (FedAvg inside each true latent group, SP-CACW's oracle): one whole
   model per group, FedAvg-ed over that group's participants; the sweeps' oracle.
 - ``clustered_oracle_se``: FedAvg-SE inside each group (a shared encoder per group, private
   heads), the reference for HDC-FL's prototypes, which are group encoders paired with private

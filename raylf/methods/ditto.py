@@ -1,5 +1,6 @@
-"""Ditto (Li et al., ICML 2021; methods.md D8): FedAvg's global model plus a personal model per
-client pulled towards the global one, min F_k(v) + (λ/2)‖v − w^t‖².
+"""Ditto (Li et al., ICML 2021, "Ditto: Fair and Robust Federated Learning Through
+Personalization"): FedAvg's global model plus a personal model per client pulled towards the global
+one, min F_k(v) + (λ/2)‖v − w^t‖².
 
 Each round a participant first trains its personal model v_k (resident on its worker) for
 ``personal_epochs`` with the proximal gradient λ(v_k − w^t) anchored at the received w^t, then
@@ -20,7 +21,7 @@ from raylf.methods.shared import GlobalModelServer, scored_models
 
 
 class DittoParams(MethodParams):
-    """Defaults: λ = 1 (the authors' scripts; methods.md Decision), one personal epoch
+    """Defaults: λ = 1 (the authors' scripts), one personal epoch
     (PFLlib ``plocal_epochs``, FL-bench ``pers_epoch``)."""
 
     lam: float = Field(1.0, ge=0, description="proximal strength λ of the personal model "

@@ -1,12 +1,13 @@
-"""FC, Federated Clustering (Werner et al., TMLR 2023; methods.md D10): every client keeps its own
-model x_i and steps with a robust cluster-local mean of the gradients of x_i on every peer's batch.
+"""FC, Federated Clustering (Werner et al., TMLR 2023, "Provably Personalized and Robust Federated
+Learning"): every client keeps its own model x_i and steps with a robust cluster-local mean of the
+gradients of x_i on every peer's batch.
 
 The per-client ("myopic") variant, on the per-step runtime of ``raylf.methods.perstep``: each step
 every client j computes g_ij = ∇f_j(x_i) at every model x_i of its group (one vectorized call);
 the server runs Threshold-Clustering TC({g_ij}_j, start g_ii) per model i (T iterations, radius =
 the ⌊q·n⌋-th smallest distance to the current centre, points beyond it replaced by the centre),
 and client i applies its optimizer to the clustered estimate (momentum on the clustered estimate,
-as in the author code; methods.md Decision). With ``groups`` > 1 the clients are split at random
+as in the author code). With ``groups`` > 1 the clients are split at random
 each step (seeded by trial and step) and cluster only within their group, cutting the n²
 gradients per step to about n²/groups; a client of a smaller group pads its upload with zero rows
 to the largest group's size.
@@ -26,7 +27,7 @@ from raylf.seeding import stream
 
 
 class FCParams(MethodParams):
-    """Defaults from methods.md's Decisions (quantile radius q = 0.2, T = 3); groups 1 (every
+    """Defaults from the author code (quantile radius q = 0.2, T = 3); groups 1 (every
     peer in one group) suits the federations of tens of clients SP-CACW's paper uses."""
 
     groups: int = Field(1, ge=1, description="random client groups per step; clustering runs "

@@ -1,5 +1,6 @@
-"""FedALA (Zhang et al., AAAI 2023; methods.md D3): FedAvg on the server; on download each client
-mixes the global model into its own by adaptive local aggregation (ALA) before training.
+"""FedALA (Zhang et al., AAAI 2023, "FedALA: Adaptive Local Aggregation for Personalized Federated
+Learning"): FedAvg on the server; on download each client mixes the global model into its own by
+adaptive local aggregation (ALA) before training.
 
 ALA: the parameter tensors below the top ``layers`` take the global model Θ; the top ones become
 θ̂ = θ_k + (Θ − θ_k) ⊙ W_k, with element-wise weights W_k ∈ [0, 1] learned on a random
@@ -9,13 +10,13 @@ ALA repeats passes until the per-pass loss stops improving; later ones make one 
 epochs of local SGD from θ̂, and the full θ_k goes up. When θ_k equals Θ (round 1) there is
 nothing to mix and ALA is skipped.
 
-Decision — stopping the first ALA: seed 000 Table 5 (at most 50 passes, patience 3, tolerance
-1e-4: stop after 3 passes without a mean pass loss 1e-4 below the best) instead of the author's
-std of the last 10 losses < 0.1. The pass loss is the mean of its minibatch losses (the author
-records the last one).
+Decision — stopping the first ALA: the HDC-FL paper's Table 5 (at most 50 passes, patience 3,
+tolerance 1e-4: stop after 3 passes without a mean pass loss 1e-4 below the best) instead of the
+author's std of the last 10 losses < 0.1. The pass loss is the mean of its minibatch losses (the
+author records the last one).
 Decision — who runs ALA: the round's participants (the paper's Algorithm 1); the author code
-runs it for every client at every broadcast. Evaluation is "right after ALA" (methods.md
-Decisions): ``evaluate`` runs the ALA the client would run now (the start phase if it never
+runs it for every client at every broadcast. Evaluation is "right after ALA" (as the
+author code): ``evaluate`` runs the ALA the client would run now (the start phase if it never
 had one) and scores θ̂, keeping nothing.
 Decision — buffers (BatchNorm statistics) are not parameter tensors: they come from Θ with the
 lower layers, since the server averages them with the rest of the vector.
@@ -37,7 +38,7 @@ from raylf.training.layout import Slot
 
 
 class FedALAParams(MethodParams):
-    """Defaults: seed 000 Table 5 (p = 2 tensors, s = 80 %, η = 1; first ALA capped at 50
+    """Defaults: the HDC-FL paper's Table 5 (p = 2 tensors, s = 80 %, η = 1; first ALA capped at 50
     passes, patience 3, tolerance 1e-4)."""
 
     layers: int = Field(2, ge=1, description="p: how many of the last parameter tensors ALA "

@@ -1,12 +1,13 @@
-"""FedAMP (Huang et al., AAAI 2021; methods.md D7): attentive message passing. The server keeps
-every client's last uploaded model and sends each participant i its cloud model
-u_i = Σ_j ξ_ij w_j, weighted towards the clients whose models are close to w_i; the client
-trains from u_i with the proximal term (λ/(2α_k))·‖w − u_i‖², a squared norm that carries its
-gradient (PFLlib's, built from ``.data`` with a plain norm, has none: it trains purely locally).
+"""FedAMP (Huang et al., AAAI 2021, "Personalized Cross-Silo Federated Learning on Non-IID Data"):
+attentive message passing. The server keeps every client's last uploaded model and sends each
+participant i its cloud model u_i = Σ_j ξ_ij w_j, weighted towards the clients whose models are
+close to w_i; the client trains from u_i with the proximal term (λ/(2α_k))·‖w − u_i‖², a squared
+norm that carries its gradient (PFLlib's, built from ``.data`` with a plain norm, has none: it
+trains purely locally).
 
 Attention: ξ_ij = α_k·A'(d_ij) for j ≠ i, d_ij = ‖w_i − w_j‖², A'(x) = e^{−x/σ}/σ; when the
 off-diagonal weights sum past 1 they are scaled to sum to 1, so ξ_ii = 1 − Σ_{j≠i} ξ_ij ≥ 0
-(methods.md Decision). The server keeps the N × N squared distances (float64, from the Gram
+(raylf's reading). The server keeps the N × N squared distances (float64, from the Gram
 matrix in blocks of parameters) and updates the participants' rows after each round, so a
 round costs one (participants × N) product. Local training starts from u_i (Decision).
 Evaluated with the personal model w_i (``personal``) and with the cloud model (``cloud``,

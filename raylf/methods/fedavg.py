@@ -1,4 +1,6 @@
-"""FedAvg and FedProx: one global model, n_k-weighted averaging, no personalization (D1a, D12)."""
+"""FedAvg (McMahan et al., AISTATS 2017, "Communication-Efficient Learning of Deep Networks from
+Decentralized Data") and FedProx (Li et al., MLSys 2020, "Federated Optimization in
+Heterogeneous Networks"): one global model, n_k-weighted averaging, no personalization."""
 
 from __future__ import annotations
 

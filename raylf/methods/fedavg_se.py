@@ -1,4 +1,5 @@
-"""FedAvg-SE (FedPer style, D1b): shared encoder averaged by n_k, private heads kept locally."""
+"""FedAvg-SE (FedPer style: Arivazhagan et al., "Federated Learning with Personalization Layers",
+2019): shared encoder averaged by n_k, private heads kept locally."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""FedBABU (Oh et al., ICLR 2022; spec D2): train and average only the body, keep the head at
-the common random init for all of federated training, personalize by fine-tuning at evaluation.
+"""FedBABU (Oh et al., ICLR 2022, "FedBABU: Toward Enhanced Representation for Federated Image
+Classification"): train and average only the body, keep the head at the common random init for all
+of federated training, personalize by fine-tuning at evaluation.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from raylf.training.sequential import LocalTrainer
 
 
 class FedBABUParams(MethodParams):
-    """Fine-tuning defaults from seed 000 Table 5 (the baselines' Decisions): 5 epochs of
-    full-model SGD at lr 1e-2, momentum 0, weight decay 0 (τ_f = 5 is also the authors')."""
+    """Fine-tuning defaults from the HDC-FL paper's Table 5 (its baseline configurations): 5 epochs
+    of full-model SGD at lr 1e-2, momentum 0, weight decay 0 (τ_f = 5 is also the authors')."""
 
     finetune_epochs: int = Field(5, ge=0, description="personalization epochs τ_f; 0 = none")
     finetune_lr: float = Field(1e-2, gt=0, description="fine-tuning SGD learning rate")

@@ -1,5 +1,5 @@
 """FedCE (Jiang et al., CVPR 2023, "Fair federated medical image segmentation via client
-contribution estimation"; methods.md D11): the global model moves by the participants' updates
+contribution estimation"): the global model moves by the participants' updates
 weighted by each one's estimated contribution.
 
 - Client (global model w_t, its coefficient c_k): from its second participation on, the minus
@@ -13,7 +13,7 @@ weighted by each one's estimated contribution.
   (plus: gc + dc, times: gc·dc), normalized and floored again into the new coefficients c, and
   w_{t+1} = w_t + Σ_k c_k Δ_k.
 
-Decision — current coefficients everywhere (methods.md Decisions): the reference assembler
+Decision — current coefficients everywhere: the reference assembler
 keeps uniform ones for its consensus by a local-variable slip.
 Decision — partial participation: a client's coefficient is its weight in the last aggregation
 it took part in (the first: 1 / participants), so w_t = Σ c_j w_j^prev holds after a round and

@@ -1,5 +1,6 @@
-"""FedDisco (Ye et al., ICML 2023; methods.md D9): FedAvg whose aggregation weights account for
-each client's label-distribution discrepancy from a uniform target as well as its size.
+"""FedDisco (Ye et al., ICML 2023, "FedDisco: Federated Learning with Discrepancy-Aware
+Collaboration"): FedAvg whose aggregation weights account for each client's label-distribution
+discrepancy from a uniform target as well as its size.
 
 Every client sends its label histogram once (the setup phase); each round the server gives every
 participant k its weight p_k ∝ ReLU(n̄_k − a·d_k + b), with n̄_k = n_k / Σ n_j and d_k the
@@ -19,8 +20,8 @@ from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, regi
 
 
 class FedDiscoParams(MethodParams):
-    """Defaults a = 0.5, b = 0.1, KL to a uniform target (the paper and author scripts;
-    methods.md Decision)."""
+    """Defaults a = 0.5, b = 0.1, KL to a uniform target (the paper and author
+    scripts)."""
 
     a: float = Field(0.5, ge=0, description="weight of the discrepancy d_k")
     b: float = Field(0.1, description="offset inside the ReLU")

@@ -1,5 +1,6 @@
-"""FedSoft (Ruan & Joe-Wong, AAAI 2022; methods.md D5): soft clustering with S cluster models and
-a persistent local model per client, pulled towards every cluster by its importance weights.
+"""FedSoft (Ruan & Joe-Wong, AAAI 2022, "FedSoft: Soft Clustered Federated Learning with Proximal
+Local Updating"): soft clustering with S cluster models and a persistent local model per client,
+pulled towards every cluster by its importance weights.
 
 - Importance estimation (every ``estimation_every`` rounds, by every client, through the
   contract's collect / report phase): for each training sample the cluster model with the lowest
@@ -22,7 +23,7 @@ Decision — the first round: u_k = 1/S until the first estimation, which runs a
 ``estimation_every`` (the author estimates at the start of rounds 0, τ, 2τ… on the models of the
 round before; only round 1 differs: it trains with uniform weights instead of an argmin over
 random inits). No estimation after the last round (nothing trains on it).
-Decision — the optimizer is the experiment's (SGD by default), not the author's Adam: methods.md
+Decision — the optimizer is the experiment's (SGD by default), not the author's Adam: raylf
 fixes one local optimizer for every method of an experiment.
 """
 
@@ -49,8 +50,8 @@ from raylf.seeding import stream
 
 class FedSoftParams(MethodParams):
     """Defaults: the author code (ycruan/FedSoft ``solvers.py``: τ = 1, σ = 1e-4) and the paper's
-    MNIST setting (λ = 0.1); S = 4 as IFCA's (seed 000 Table 5). K defaults to the round's size
-    split over the clusters, so the union trains at most as many clients as other methods'
+    MNIST setting (λ = 0.1); S = 4 as IFCA's (the HDC-FL paper's Table 5). K defaults to the round's
+    size split over the clusters, so the union trains at most as many clients as other methods'
     rounds (the author's 30 of 100 clients with S = 4 trains up to 120 samples of 100)."""
 
     clusters: int = Field(4, ge=1, le=64, description="S, the number of cluster models")

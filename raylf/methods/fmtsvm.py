@@ -1,4 +1,6 @@
-"""FMT-SVM (methods.md C) and its baselines FedPureCNN and FedPureSVM: two tasks per client.
+"""FMT-SVM and its baselines FedPureCNN and FedPureSVM: two tasks per client (the paper "FMT-SVM: A
+Communication-Efficient Federated Multi-Task Support Vector Machine Framework for Healthcare",
+sections 2.3-2.11).
 
 Every client solves a ``binary`` and a ``multiclass`` task on the same inputs; the head layout,
 the task losses and per-task scoring live in ``raylf.methods.multitask``. For SVM heads column 0
@@ -15,8 +17,8 @@ Decision — loss scale (``reduction``, default ``mean``): the paper's objective
 averages each client's hinges over its samples; its Algorithm 1 (line 10) sums them over the
 minibatch and adds λ·tr(·) and μ·‖·‖² once per step. A sum at lr η takes the hinge steps of a
 mean at lr batch_size·η with λ and μ batch_size times weaker. The default follows the equation:
-every other raylf method averages its loss, so with means one optimizer (methods.md) gives every
-method of an experiment the same step, and an lr that suits the others does not blow FMT-SVM up
+every other raylf method averages its loss, so with means the one optimizer of an experiment
+gives every method the same step, and an lr that suits the others does not blow FMT-SVM up
 (with sums the contract suite's lr 0.05, momentum 0.9 diverged, and so did lr 0.01 on the
 stand-in). All three methods take the same ``reduction``. Chosen on validation data, never test
 (final-round validation accuracy, mean of the two tasks; K 5, Dirichlet 0.5, R 10, standardized
@@ -46,8 +48,8 @@ diverged in round 2. The proximal step (SGD on the hinges, then the exact minimi
 quadratic terms around the result, a (1+C)×(1+C) solve) minimizes the same objective and is
 stable for every λ of the paper's grid; ``gradient`` keeps Algorithm 1 literally.
 
-Decision — the encoder's last layer (``feature_relu``): the paper's eq. 7 (and methods.md C)
-make the features linear, z = W_f·flatten + b_f; the ``cnn`` model ends its encoder in a ReLU,
+Decision — the encoder's last layer (``feature_relu``): the paper's eq. 7 (section 2.5.3)
+makes the features linear, z = W_f·flatten + b_f; the ``cnn`` model ends its encoder in a ReLU,
 which would show the SVM heads only non-negative features. ``feature_relu: false`` drops that
 ReLU. Chosen per method on validation data (final-round validation accuracy of the reported
 model, binary / multiclass; digits28_multitask, K 5, Dirichlet 0.5, E 2, R 5 — shortened from
@@ -98,7 +100,7 @@ from raylf.seeding import client_seed, derive
 def task_covariance(weights: torch.Tensor, eps: float, normalize: bool) -> torch.Tensor:
     """Σ = (1/N) Σ_k Z_kᵀZ_k + εI with Z_k = W̃_k − W̄, over stacked head weights (N, 1+C, d).
 
-    ``normalize`` rescales Σ to trace 1+C (methods.md Decision), keeping Σ⁻¹ of order one.
+    ``normalize`` rescales Σ to trace 1+C (raylf's reading), keeping Σ⁻¹ of order one.
     """
     z = weights - weights.mean(0)
     width = weights.shape[1]
@@ -192,7 +194,9 @@ class FMTSVMParams(SVMParams, EncoderParams):
                                 "gradient: the penalties' gradient in the SGD step (Algorithm 1)")
     encoder_sync_every: int | None = Field(
         None, ge=1, description="average encoders every this many rounds; null = never")
-    dp: DPParams = Field(default_factory=DPParams)
+    dp: DPParams = Field(default_factory=DPParams,
+                         description="differential privacy of each uploaded head (local DP: "
+                                     "clipping, Gaussian noise); off unless dp.epsilon is set")
 
     @model_validator(mode="after")
     def _dp_covers_heads_only(self):

@@ -1,11 +1,12 @@
-"""HDC-FL (seed 000, spec A): group clients by their private heads, personalize with a soft
-mixture of per-group encoder prototypes, and leave the FedAvg-SE trajectory untouched.
+"""HDC-FL ("HDC-FL: Head-Derived Clustering for Personalized Federated Learning"): group clients by
+their private heads, personalize with a soft mixture of per-group encoder prototypes, and leave the
+FedAvg-SE trajectory untouched.
 
-Training is FedAvg-SE (D1b); participants also upload their head to the server's head cache
-(N × head size; heads are never averaged or forwarded). Each client keeps its latest trained
-encoder φ_k itself. At a refresh (round T_a, every P rounds after it, and after the last round)
-the server groups the cached heads (low-rank descriptors, k-means, softmax memberships π_k),
-sends each cached client its π_k, and every such client reports ``soft_share(φ_k, π_k·n_k)``:
+Training is FedAvg-SE (``raylf.methods.fedavg_se``); participants also upload their head to the
+server's head cache (N × head size; heads are never averaged or forwarded). Each client keeps its
+latest trained encoder φ_k itself. At a refresh (round T_a, every P rounds after it, and after the
+last round) the server groups the cached heads (low-rank descriptors, k-means, softmax memberships
+π_k), sends each cached client its π_k, and every such client reports ``soft_share(φ_k, π_k·n_k)``:
 the workers reduce the G prototypes P_g = Σ π_kg n_k φ_k / Σ π_kg n_k, so the server never holds
 N encoders. Client k is then evaluated with (Σ_g π_kg P_g, h_k); clients never cached, and
 everyone before activation, with (φ, h_k).
@@ -34,7 +35,7 @@ from raylf.seeding import stream
 
 
 class HDCFLParams(MethodParams):
-    """Defaults from seed 000 and spec A.5: rank 8, τ 0.1, refresh every 5 rounds, activation at
+    """Defaults: rank 8 (the paper's Table 10), τ 0.1, refresh every 5 rounds, activation at
     20 % of the rounds, low-rank descriptors, soft membership, current heads. G = 4 is the
     paper's controlled setting (Table 3, four rotation conditions); the paper gives no other.
     ``groups: 0`` ("no prototype") is FedAvg-SE, ``groups: 1`` one prototype (Table 3)."""
@@ -48,7 +49,8 @@ class HDCFLParams(MethodParams):
         None, ge=1, description="first refresh round T_a; none = 20 % of federation.rounds")
     descriptor: Literal["lowrank", "raw"] = Field(
         "lowrank", description="lowrank: top-r SVD scores of the centered heads; raw: the "
-                               "centered heads themselves (seed Table 10); both L2-normalized")
+                               "centered heads themselves (the paper's Table 10); both "
+                               "L2-normalized")
     membership: Literal["soft", "hard"] = Field(
         "soft", description="soft: softmax memberships; hard: one-hot k-means labels (Table 12)")
     head_pairing: Literal["current", "cached"] = Field(

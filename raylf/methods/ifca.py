@@ -1,5 +1,6 @@
-"""IFCA (Ghosh et al., NeurIPS 2020; methods.md D4): S cluster models, each client joins the one
-with the lowest loss on its own training data and trains only that one.
+"""IFCA (Ghosh et al., NeurIPS 2020, "An Efficient Framework for Clustered Federated Learning"): S
+cluster models, each client joins the one with the lowest loss on its own training data and trains
+only that one.
 
 Option II of the paper (model averaging): a participant uploads its trained model as a share in
 the group of its chosen cluster, so the workers reduce one n_k-weighted sum per cluster and a
@@ -11,7 +12,7 @@ from the trial seed, so the choice made for training and for evaluation in a rou
 samples and the choice recorded for the test and validation splits is the same one. Test or
 validation data never enter the choice (the PACFL repo's IFCA baseline picks by test accuracy).
 Decision — no re-drawing of inits until every cluster is chosen (the author CIFAR code's
-``find_good_initializer``): the S inits are drawn once from the trial seed (methods.md).
+``find_good_initializer``): the S inits are drawn once from the trial seed.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from raylf.seeding import generator
 
 
 class IFCAParams(MethodParams):
-    """Defaults: seed 000 Table 5 (S = 4, the loss on at most 512 local samples)."""
+    """Defaults: the HDC-FL paper's Table 5 (S = 4, the loss on at most 512 local samples)."""
 
     clusters: int = Field(4, ge=1, le=64, description="S, the number of cluster models, each "
                                                         "from its own seeded init")

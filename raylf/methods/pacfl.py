@@ -1,5 +1,6 @@
-"""PACFL (Vahidian, Morafah et al., AAAI 2023; methods.md D6): one-shot clustering by the angles
-between the clients' data subspaces, then FedAvg inside each cluster.
+"""PACFL (Vahidian, Morafah et al., AAAI 2023, "Efficient Distribution Similarity Identification in
+Clustered Federated Learning via Principal Angles between Client Data Subspaces"): one-shot
+clustering by the angles between the clients' data subspaces, then FedAvg inside each cluster.
 
 Setup (round 0): each client sends U_k, the top-p left singular vectors of every class's raw
 flattened training inputs (not mean-centered), as d × (p·C) columns in class order: a class the
@@ -72,7 +73,7 @@ log = logging.getLogger(__name__)
 
 
 class PACFLParams(MethodParams):
-    """Defaults: seed 000 Table 5 (p = 3, average linkage, one-shot); the threshold 1.25 ×
+    """Defaults: the HDC-FL paper's Table 5 (p = 3, average linkage, one-shot); the threshold 1.25 ×
     the clients' median nearest-neighbour distance, chosen on validation data (module
     docstring: the paper's 1.5 rad merges every client on raw images and makes PACFL FedAvg);
     the paper's is ``threshold_scale: absolute, threshold: 1.5``."""

@@ -1,5 +1,5 @@
 """The per-step runtime of methods whose round is one minibatch gradient per peer: SP-CACW and
-its reference rules, FC (DESIGN.md: "methods whose round is a single gradient step").
+its reference rules, FC: methods whose round is a single gradient step.
 
 A round is one optimizer step of every *learner* (a client with a model of its own: SP-CACW's
 targets, every client in FC):

@@ -1,5 +1,6 @@
-"""SP-CACW's weight solver (methods.md B.6): the accumulated quadratic proxy with its cubic
-regularizer, minimized over the probability simplex by projected gradient descent.
+"""SP-CACW's weight solver (the SP-CACW paper's section 4.3 and appendix F.1): the accumulated
+quadratic proxy with its cubic regularizer, minimized over the probability simplex by projected
+gradient descent.
 
 NumPy float64, batched over the targets that update together: the vectors are M ≤ a few
 hundred long and the solver runs thousands of tiny steps, so one step for all targets at once

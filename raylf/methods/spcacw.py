@@ -1,5 +1,6 @@
-"""SP-CACW (methods.md B): selfish targets weighting their peers' gradients by learned α, and the
-paper's reference rules on the same per-step runtime (``raylf.methods.perstep``).
+"""SP-CACW (Kiselman & Levy, "SP-CACW: Convergence-Aware Client Weighting for Selfish Personalized
+Learning", sections 3-4 and appendix F): selfish targets weighting their peers' gradients by learned
+α, and the paper's reference rules on the same per-step runtime (``raylf.methods.perstep``).
 
 Each target t is a learner; every client (M peers, t included) sends its minibatch gradient at
 w_t each step. The server keeps, per target, the weights α (T, M), the bias estimates
@@ -12,7 +13,7 @@ accumulated quadratic proxy; warm-started projected gradient descent until conve
 the accumulators. Everything for all targets is one batched tensor operation per step.
 
 Registered names:
-- ``spcacw``: λ_reg = γ·tr(Var(g_t)) over the epoch (methods.md Decision; γ = 1), or the paper
+- ``spcacw``: λ_reg = γ·tr(Var(g_t)) over the epoch (raylf's reading; γ = 1), or the paper
   read literally with ``reg_scale: var_norm_sq`` (γ·‖Var(g_t)‖²);
 - ``spcacw_noreg``: λ_reg = 0;
 - ``selfish_local`` (α = e_t, "Only My Data"), ``selfish_uniform`` (α = 1/M, FedAvg-like) and
@@ -84,7 +85,7 @@ def trace_variance(total: torch.Tensor, squares: torch.Tensor, k: int,
 
 class SelfishParams(MethodParams):
     """Default ``all``: every client a target, so the clients table and acc_mean compare with
-    every other method's; the paper's setting is ``[0]`` (methods.md B)."""
+    every other method's; the paper's setting is ``[0]`` (its section 2, client 0)."""
 
     targets: Literal["all"] | list[int] = Field(
         "all", description="clients that learn a model of their own: all (one selfish learner "
@@ -93,19 +94,21 @@ class SelfishParams(MethodParams):
 
 
 class SPCACWNoRegParams(SelfishParams):
-    """β = 0.1 and ~10 power iterations from methods.md B.3 and B.7; PGD runs until converged
-    (B.6: a fixed small count does not converge late in training), the cap only guards."""
+    """A constant β (the SP-CACW paper's section 4.1; 0.1 is raylf's choice) and 10 power
+    iterations for L (its appendix F.1 names the method, not the count); PGD runs until
+    converged (a fixed small count does not converge late in training), the cap only guards."""
 
-    beta: float = Field(0.1, gt=0, le=1, description="bias EMA rate β (methods.md B.3: 0.1)")
+    beta: float = Field(0.1, gt=0, le=1, description="bias EMA rate β, constant (section 4.1)")
     pgd_tol: float = Field(1e-7, gt=0, description="PGD on α stops when no weight changes by "
                                                    "more than this in one step")
     pgd_max_iter: int = Field(100_000, ge=1, description="safety cap on PGD iterations")
-    power_iters: int = Field(10, ge=1, description="HVP power iterations for L (methods.md B.7)")
+    power_iters: int = Field(10, ge=1, description="HVP power iterations for L (appendix F.1)")
 
 
 class SPCACWParams(SPCACWNoRegParams):
-    """Defaults: β, power iterations, λ_reg's reading and γ from methods.md B and its Decision
-    (γ = 1 on the trace of the variance; ``var_norm_sq`` is the paper's text read literally)."""
+    """Defaults: β, power iterations, λ_reg's reading and γ from the SP-CACW paper's appendix F.1
+    and raylf's reading of it (γ = 1 on the trace of the variance; ``var_norm_sq`` is the paper's
+    text read literally)."""
 
     gamma: float = Field(1.0, ge=0, description="λ_reg = γ · (the variance measure below)")
     reg_scale: Literal["trace", "var_norm_sq"] = Field(
@@ -179,7 +182,7 @@ class FixedSelfish(PeerStepMethod):
 @register
 class SPCACW(PeerStepMethod):
     """One learner per target stepping along Σ_i α_ti g_i, α learned by Follow-the-Leader on the
-    epoch's quadratic proxy (the module docstring)."""
+    epoch's quadratic proxy, as the module docstring details."""
 
     name = "spcacw"
     Params = SPCACWParams

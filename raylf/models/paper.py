@@ -1,5 +1,5 @@
-"""The models of SP-CACW's settings (seed 001, appendix G), each a ``SplitModel`` whose head is the
-last Linear layer."""
+"""The models of SP-CACW's settings (the SP-CACW paper's appendix G), each a ``SplitModel`` whose
+head is the last Linear layer."""
 
 from __future__ import annotations
 
