@@ -142,14 +142,15 @@ def one_sided(d: np.ndarray, shift: float, side: str) -> OneSided:
     import scipy.stats  # as in :func:`paired`
 
     shifted = np.round(d - shift, 12)
-    method = wilcoxon_method(shifted)
-    if not shifted.any():  # no difference from the shift at all: nothing to tell
-        return OneSided(1.0, 1.0, method)
+
     def p(x: np.ndarray) -> float:
-        return float(scipy.stats.wilcoxon(x, zero_method="zsplit", method=method,
+        return float(scipy.stats.wilcoxon(x, zero_method="zsplit", method=wilcoxon_method(x),
                                           alternative=side).pvalue)
-    extreme = np.abs(shifted) if side == "greater" else -np.abs(shifted)
-    return OneSided(p(shifted), p(extreme), method)
+    sign = 1.0 if side == "greater" else -1.0
+    if not shifted.any():  # not one difference from the shift: no evidence either way; what
+        # the test could give is that of as many pairs of distinct sizes
+        return OneSided(1.0, p(sign * np.arange(1.0, len(d) + 1)), wilcoxon_method(shifted))
+    return OneSided(p(shifted), p(sign * np.abs(shifted)), wilcoxon_method(shifted))
 
 
 def holm(pvalues: list[float]) -> list[float]:
