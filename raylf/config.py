@@ -183,15 +183,31 @@ class ExperimentSpec(Strict):
         return rnd % self.eval_every == 0 or rnd == self.federation.rounds
 
     def to_dict(self) -> dict[str, Any]:
+        """The spec as written: the fields it sets (components and method parameters only where
+        given), what trial ids and digests are computed from."""
         return self.model_dump(mode="json")
+
+    def resolved(self) -> dict[str, Any]:
+        """The spec as it runs: :meth:`to_dict` with every dataset, scenario and model parameter
+        and every method parameter filled in from its ``Params``, defaults included. This is
+        what a trial records (the trials table's config columns, the Parquet metadata), so a
+        default that changes in a later version never makes an old result ambiguous."""
+        out = self.to_dict()
+        for field in ("dataset", "scenario", "model"):
+            component = getattr(self, field)
+            out[field] = {"name": component.name, **component.params.model_dump(mode="json")}
+        out["method"] = {"name": self.method.name,
+                         "params": self.method.hparams.model_dump(mode="json")}
+        return out
 
     def digest(self) -> str:
         blob = json.dumps(self.to_dict(), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
 
     def flat(self) -> dict[str, Any]:
-        """Every scalar leaf as ``dotted.key: value`` (the trials table's config columns)."""
-        return dict(flatten(self.to_dict()))
+        """Every scalar leaf of :meth:`resolved` as ``dotted.key: value`` (the trials table's
+        config columns)."""
+        return dict(flatten(self.resolved()))
 
 
 def flatten(tree: Any, prefix: str = ""):

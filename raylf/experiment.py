@@ -93,11 +93,13 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     finished = False  # ended without an exception: the runtime's actors may serve the next run
     failure: BaseException | None = None
     applied: dict[str, Any] = {}  # the input normalization's columns, once the data are built
+    digests: dict[str, str] = {}  # the data's and the partition's, once the data are built
     origin: str | None = None  # where the data come from (SourceData.origin), once loaded
     try:
         label = f"{trial_id}/{uuid.uuid4().hex[:6]}"  # unique actor names, retries included
         blueprint = Blueprint(spec, build_federation(spec))
         applied = blueprint.federation.normalization.columns()
+        digests = blueprint.federation.digests()
         origin = blueprint.federation.origin
         blueprint.method()  # incompatible method and data fail here, before any actor starts
         runtime = open_runtime(backend, blueprint, placement, label)
@@ -149,10 +151,12 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
             runtime.close(finished)
         if checkpoints is not None:
             checkpoints.close()
+    env = run_environment(progress, digests)
     tables = {
         "trials": [trial_row(spec, trial_id, sweep, backend, status, error, diverged_round,
                              progress, time.perf_counter() - started) |
-                   {"data_origin": origin} | applied | (extra or {})],
+                   {"data_origin": origin} | applied | {f"env.{k}": v for k, v in env.items()} |
+                   (extra or {})],
         "rounds": [{"trial_id": trial_id, **r} for r in progress.rounds],
         "clients": [{"trial_id": trial_id, **c} for c in progress.clients],
         **{name: [{"trial_id": trial_id, **r} for r in rows]
@@ -160,10 +164,19 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     }
     result = ExperimentResult(trial_id, status, error, tables)
     if out is not None:
-        result.paths = results.write_trial(out, trial_id, tables, spec.to_dict())
+        result.paths = results.write_trial(out, trial_id, tables, spec.resolved(), env)
     if failure is not None and reraise:
         raise failure
     return result
+
+
+def run_environment(progress: Progress, digests: dict[str, str]) -> dict[str, Any]:
+    """``raylf.results.environment`` plus what only the run knows: the devices its clients
+    trained on (every round's ``worker_device``, a retried trial's included) and the digests of
+    its data and partition."""
+    devices = {d for r in progress.rounds for d in str(r.get("worker_device") or "").split("; ")}
+    return {**results.environment(), "device": "; ".join(sorted(devices - {""})) or None,
+            **digests}
 
 
 def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, status: str,
@@ -178,6 +191,8 @@ def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, sta
         "dataset": spec.dataset.name, "scenario": spec.scenario.name, "model": spec.model.name,
         "seed": spec.seed, "backend": backend, "status": status, "error": error,
         "round_unit": METHODS.get(spec.method.name).round_unit,
+        "oracle": METHODS.get(spec.method.name).oracle,
+        "proposed_in": METHODS.get(spec.method.name).proposed_in,
         "diverged_round": diverged_round, "rounds": len(rounds), "wall_s": wall_s,
         "bytes_up": sum(r["bytes_up"] for r in rounds),
         "bytes_down": sum(r["bytes_down"] for r in rounds),

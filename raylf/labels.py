@@ -72,6 +72,16 @@ def _with_varied(trials: pd.DataFrame, names: pd.Series, fields: list[str],
     return labels
 
 
+def methods_with(trials: pd.DataFrame, trait: str) -> list[str]:
+    """The methods whose trials record ``trait`` (the trials table's ``oracle``: references
+    never ranked; ``proposed_in``: the papers' own methods, compared with every configuration):
+    what a report knows of a method without importing it. Tables without the column: none."""
+    if trait not in trials:
+        return []
+    marked = trials[trait].notna() & (trials[trait] != False)  # noqa: E712 - bools and titles
+    return list(dict.fromkeys(trials.loc[marked, "method"]))
+
+
 def point_label(point: dict[str, Any]) -> str:
     """``mu=0.01, lr=0.05``: each field by its last name, sampled floats to 4 digits."""
     return ", ".join(f"{k.rsplit('.', 1)[-1]}={format(v, '.4g') if isinstance(v, float) else v}"

@@ -47,25 +47,58 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "data_origin": _STR,
     # what federation.rounds counts: "round", or "step" for the per-step methods
     "round_unit": _STR,
+    # the method's traits a report needs without importing it (raylf.methods.base.Method):
+    # a reference that reads the latent groups, and the paper that proposes the method
+    "oracle": pa.bool_(), "proposed_in": _STR,
 }
 
 
 @cache
-def _git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=5)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+def _git() -> tuple[str, bool | None]:
+    """The checkout raylf is imported from: HEAD's sha and whether tracked files differ from
+    it ("unknown" and None outside a git checkout, e.g. an installed wheel or a Ray job's
+    working directory without ``.git``)."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], capture_output=True, text=True,
+                                 cwd=Path(__file__).parent, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    sha = (git("rev-parse", "HEAD") or "").strip()
+    if not sha:
+        return "unknown", None
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return sha, None if status is None else bool(status.strip())
 
 
-def provenance(config: dict[str, Any]) -> dict[str, str]:
+@cache
+def environment() -> dict[str, Any]:
+    """The software a trial ran with, as its trials row (``env.*``) and every table's Parquet
+    metadata record it: two results that differ here are not the same experiment even when
+    their specs are (``python -m raylf.report A B --diff``). The training device is added by
+    the run (``env.device``), which alone knows where its clients trained."""
+    import platform
+
+    import numpy
     import ray
     import torch
 
-    return {"raylf": raylf.__version__, "ray": ray.__version__, "torch": torch.__version__,
-            "git_sha": _git_sha(), "config": json.dumps(config, sort_keys=True)}
+    sha, dirty = _git()
+    return {"raylf": raylf.__version__, "git_sha": sha, "git_dirty": dirty,
+            "python": platform.python_version(), "torch": torch.__version__,
+            "ray": ray.__version__, "numpy": numpy.__version__,
+            "cuda": torch.version.cuda or "none"}
+
+
+def provenance(config: dict[str, Any], env: dict[str, Any] | None = None) -> dict[str, str]:
+    """Parquet schema metadata: the versions at a glance, the ``config`` that ran (a resolved
+    spec: ``ExperimentSpec.resolved``) and the ``environment`` as JSON."""
+    env = {**environment(), **(env or {})}
+    return {"raylf": env["raylf"], "ray": env["ray"], "torch": env["torch"],
+            "git_sha": env["git_sha"], "config": json.dumps(config, sort_keys=True),
+            "environment": json.dumps(env, sort_keys=True)}
 
 
 def to_table(rows: list[dict[str, Any]], metadata: dict[str, str]) -> pa.Table:
@@ -101,9 +134,9 @@ def write_table(root: str | Path, table_name: str, trial_id: str, table: pa.Tabl
 
 
 def write_trial(root: str | Path, trial_id: str, tables: dict[str, list[dict[str, Any]]],
-                config: dict[str, Any]) -> dict[str, str]:
+                config: dict[str, Any], env: dict[str, Any] | None = None) -> dict[str, str]:
     """Every table of the trial, its trials row last: a trial is complete once that exists."""
-    meta = provenance(config)
+    meta = provenance(config, env)
     order = [n for n in tables if n != "trials"] + ["trials"]
     return {name: write_table(root, name, trial_id, to_table(tables[name] or [], meta))
             for name in order}

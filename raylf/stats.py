@@ -24,7 +24,6 @@ import pandas as pd
 
 ALPHA = 0.05
 RESAMPLES = 2000
-PAPER_METHODS = ("hdcfl", "spcacw", "fmtsvm")  # the methods this project reproduces
 SEED_LEVEL = -1  # client_id of a value that is one per trial, not per client
 COLUMNS = ["trial_id", "setting", "entry", "method", "seed", "client_id", "value"]
 
@@ -104,15 +103,75 @@ class Paired:
         return bool(self.p >= ALPHA)
 
 
+def differences(a: pd.Series, b: pd.Series) -> np.ndarray | None:
+    """``a − b`` over the keys both have (None when they share none), rounded to 12 decimals:
+    accuracies are fractions whose float differences would otherwise break the ties between
+    equal differences that the signed-rank test counts."""
+    both = pd.concat({"a": a, "b": b}, axis=1, join="inner").dropna()
+    if both.empty:
+        return None
+    return np.round((both["a"] - both["b"]).to_numpy(float), 12)
+
+
+def wilcoxon_method(d: np.ndarray) -> str:
+    """How the signed-rank test is run on ``d``: ``exact`` (the exact null distribution) with
+    at most 50 differences, none zero and no two of equal size; else ``asymptotic`` (the
+    normal approximation with the tie correction). With zeros or ties scipy's "auto" would run
+    an exhaustive permutation test for up to 13 pairs, seconds per call; the approximation
+    stands in there."""
+    tied = bool((d == 0).any()) or len(np.unique(np.abs(d))) < len(d)
+    return "asymptotic" if tied or len(d) > 50 else "exact"
+
+
+@dataclass(frozen=True)
+class OneSided:
+    """Wilcoxon's one-sided signed-rank test that the differences lie above (or below) a
+    shift: its ``p``; ``p_min``, the smallest p the same test can give on these pairs (every
+    difference on the tested side, with the same ranks, ties and zeros: ``2**-n`` for the
+    exact test), so that a test that cannot reach a level with this many pairs says so; and
+    the ``method`` run."""
+
+    p: float
+    p_min: float
+    method: str
+
+
+def one_sided(d: np.ndarray, shift: float, side: str) -> OneSided:
+    """The test that ``d − shift`` is centred above zero (``side="greater"``) or below it
+    (``"less"``); zero differences split their rank between the signs (``zsplit``)."""
+    import scipy.stats  # as in :func:`paired`
+
+    shifted = np.round(d - shift, 12)
+
+    def p(x: np.ndarray) -> float:
+        return float(scipy.stats.wilcoxon(x, zero_method="zsplit", method=wilcoxon_method(x),
+                                          alternative=side).pvalue)
+    sign = 1.0 if side == "greater" else -1.0
+    if not shifted.any():  # not one difference from the shift: no evidence either way; what
+        # the test could give is that of as many pairs of distinct sizes
+        return OneSided(1.0, p(sign * np.arange(1.0, len(d) + 1)), wilcoxon_method(shifted))
+    return OneSided(p(shifted), p(sign * np.abs(shifted)), wilcoxon_method(shifted))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (statsmodels), for the claims a
+    report decides on one sweep: each adjusted p can be read against ``ALPHA`` directly."""
+    if not pvalues:
+        return []
+    from statsmodels.stats.multitest import multipletests
+
+    return [float(p) for p in multipletests(np.asarray(pvalues, float), alpha=ALPHA,
+                                            method="holm")[1]]
+
+
 def paired(a: pd.Series, b: pd.Series, seed: int = 0) -> Paired | None:
     """``a`` against ``b``, both indexed by the pairing key (seed, client); None when they share
     no key. One pair has no interval (nan)."""
     import scipy.stats  # here, not at the top: 1 s of every sweep CLI's start on 2 cores
 
-    both = pd.concat({"a": a, "b": b}, axis=1, join="inner").dropna()
-    if both.empty:
+    d = differences(a, b)
+    if d is None:
         return None
-    d = (both["a"] - both["b"]).to_numpy(float)
     low = high = math.nan
     if len(d) > 1:
         interval = scipy.stats.bootstrap(
@@ -120,12 +179,9 @@ def paired(a: pd.Series, b: pd.Series, seed: int = 0) -> Paired | None:
             rng=np.random.default_rng(seed)).confidence_interval
         low, high = float(interval.low), float(interval.high)
     # zsplit: a zero difference (a client both score alike, common on bounded accuracies) splits
-    # its rank between the signs, so every pair counts and identical methods get p = 1. With
-    # zeros or ties among at most 13 pairs scipy's "auto" runs an exhaustive permutation test,
-    # seconds per call; its normal approximation with the tie correction stands in there.
-    tied_ranks = bool((d == 0).any()) or len(np.unique(np.abs(d))) < len(d)
-    method = "asymptotic" if tied_ranks and len(d) <= 13 else "auto"
-    p = float(scipy.stats.wilcoxon(d, zero_method="zsplit", method=method).pvalue)
+    # its rank between the signs, so every pair counts and identical methods get p = 1
+    p = float(scipy.stats.wilcoxon(d, zero_method="zsplit", method=wilcoxon_method(d)).pvalue) \
+        if d.any() else 1.0
     return Paired(float(d.mean()), low, high, p, len(d))
 
 
@@ -133,12 +189,13 @@ VERSUS = ("delta", "low", "high", "p", "pairs")
 
 
 def versus(values: pd.DataFrame, means: pd.Series, higher_is_better: bool = True,
-           seed: int = 0) -> pd.DataFrame:
+           seed: int = 0, reproduced: tuple[str, ...] = ()) -> pd.DataFrame:
     """Per (setting, entry) of ``means`` (the table's figure, which picks the best): ``best``
-    and ``paper`` (the setting's best entry of a ``PAPER_METHODS`` method, if any ran; nan where
-    a setting has one entry: nothing to compare), each entry minus them (``best_delta``,
-    ``best_low``, ``best_high``, ``best_p``, ``best_pairs``, likewise ``paper_…``; nan against
-    itself) and ``tied``: the best itself, or the paired test cannot tell it from the best."""
+    and ``paper`` (the setting's best entry of a ``reproduced`` method, a paper's own, if any
+    ran; nan where a setting has one entry: nothing to compare), each entry minus them
+    (``best_delta``, ``best_low``, ``best_high``, ``best_p``, ``best_pairs``, likewise
+    ``paper_…``; nan against itself) and ``tied``: the best itself, or the paired test cannot
+    tell it from the best."""
     means = means.dropna()
     rows = []
     for setting, here in means.groupby(level=0, sort=False):
@@ -151,7 +208,7 @@ def versus(values: pd.DataFrame, means: pd.Series, higher_is_better: bool = True
         series = {entry: frame.groupby(["seed", "client_id"])["value"].mean()
                   for entry, frame in mine.groupby("entry", sort=False)}
         method = mine.groupby("entry")["method"].first()
-        papers = here[[e for e in here.index if method.get(e) in PAPER_METHODS]]
+        papers = here[[e for e in here.index if method.get(e) in reproduced]]
         paper = None if papers.empty else (papers.idxmax() if higher_is_better
                                            else papers.idxmin())
         for entry in here.index:

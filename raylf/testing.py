@@ -264,11 +264,16 @@ def _scores(row: dict) -> tuple:
 
 
 def _assert_close_tree(a: Any, b: Any, where: str) -> None:
-    """``_assert_same_tree`` up to ``COHORT_TOLERANCE`` on floating tensors."""
+    """``_assert_same_tree`` up to ``COHORT_TOLERANCE`` on floating tensors and floats (a
+    server statistic such as FedAMP's ``scale`` is a Python float computed from the uploads)."""
     if torch.is_tensor(a) and a.is_floating_point():
         assert torch.is_tensor(b) and a.shape == b.shape, f"{where} differs in shape"
         gap = float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
         assert gap <= COHORT_TOLERANCE, f"{where} differs by up to {gap:.2e}"
+    elif isinstance(a, float):
+        assert isinstance(b, float) and math.isclose(a, b, rel_tol=COHORT_TOLERANCE,
+                                                     abs_tol=COHORT_TOLERANCE), \
+            f"{where} is {a!r} against {b!r}"
     elif isinstance(a, dict):
         assert isinstance(b, dict) and a.keys() == b.keys(), \
             f"{where} has keys {sorted(map(str, a))} against {sorted(map(str, b))}"

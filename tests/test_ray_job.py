@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from raylf import results
+from raylf.methods import METHODS
 from raylf.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,3 +101,10 @@ def test_quickstart_as_a_ray_job_on_a_local_head(tmp_path):
     table = results.load(storage / "quickstart")["trials"]
     assert sorted(table["trial_id"]) == sorted(t.trial_id for t in trials)
     assert set(table["status"]) == {"ok"}
+    # every trial records its spec resolved: the test share and every HDC-FL parameter, none of
+    # which the quickstart sets, at their defaults
+    hdcfl = table.set_index("method").loc["hdcfl"]
+    assert hdcfl["scenario.test_fraction"] == 0.25
+    for name, value in METHODS.get("hdcfl").Params().model_dump(mode="json").items():
+        if name not in ("groups", "activation", "refresh_every"):  # the quickstart sets those
+            assert hdcfl[f"method.params.{name}"] == value, name

@@ -76,7 +76,7 @@ def test_versus_marks_ties_with_the_best_and_compares_with_the_papers_method():
         _values("T", {"fmtsvm": base}),
     ])
     means = values.groupby(["setting", "entry"], sort=False)["value"].mean()
-    result = stats.versus(values, means)
+    result = stats.versus(values, means, reproduced=("hdcfl", "fmtsvm"))
     s = result.loc["S"]
     best = set(s["best"])  # local and fedavg_se differ by noise: either is best, both tie
     assert best <= {"local", "fedavg_se"} and len(best) == 1
@@ -225,3 +225,25 @@ def test_standin_settings_are_marked_and_absent_origin_is_tolerated():
         "A", "B", "B", "C"]
     banner = guards.standin_banner(["B" + guards.STANDIN_MARK])
     assert banner.startswith("WARNING: stand-in data. B ran on stand-in data")
+
+
+def test_the_smallest_p_a_signed_rank_test_can_give_on_its_pairs():
+    """Exact test, n pairs of distinct sizes: every pair on the tested side gives one-sided
+    p = 2**-n whatever the signs observed; with ties or zeros the normal approximation runs,
+    and its bound is that of the same magnitudes all on one side."""
+    for n in (5, 6, 8):
+        d = np.arange(1, n + 1) / 100 * np.where(np.arange(n) % 2, 1, -1)
+        result = stats.one_sided(d, 0.0, "greater")
+        assert result.method == "exact" and result.p_min == pytest.approx(2.0 ** -n)
+        assert result.p > result.p_min
+    tied = np.array([0.01, 0.01, 0.0, -0.02, 0.03, 0.01])
+    result = stats.one_sided(tied, 0.0, "less")
+    assert result.method == "asymptotic"
+    assert result.p_min == pytest.approx(stats.one_sided(-np.abs(tied), 0.0, "less").p)
+    # a shift moves the test: d − 0.05 is below zero for every pair
+    assert stats.one_sided(np.arange(1, 7) / 100, 0.07, "less").p == pytest.approx(2.0 ** -6)
+
+
+def test_holm_multiplies_the_smallest_p_by_the_family_size_and_keeps_the_order():
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.2]) == [0.2] and stats.holm([]) == []

@@ -7,6 +7,7 @@ offsets, so a client's data is a pair of slices and evaluating a shared model is
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -43,6 +44,13 @@ class Federation:
     val: Ragged | None = None  # per-client validation indices (scenario.val_fraction)
     normalization: Normalization = Normalization()  # applied to every input a shard holds
     origin: str = "user"  # where the data come from: SourceData.origin (real, standin, …)
+    data_sha256: str = ""  # the pooled samples and labels as loaded (:func:`content_digest`)
+    partition_sha256: str = ""  # who holds which sample, in which split
+
+    def digests(self) -> dict[str, str]:
+        """What the trials row records of the data: two trials with equal digests trained and
+        were scored on the same samples, whatever the specs or the cache paths said."""
+        return {"data_sha256": self.data_sha256, "partition_sha256": self.partition_sha256}
 
     @property
     def has_val(self) -> bool:
@@ -92,10 +100,24 @@ def build_federation(spec, source: SourceData | None = None) -> Federation:
         totals = train.lengths + test.lengths
         train, val = split_validation(train, totals, spec.scenario.params.val_fraction,
                                       stream(spec.seed, "split", 1))
+    splits = [train, test] + ([val] if val is not None else [])
     return Federation(spec.dataset.name, spec.dataset.params, train, test, part.groups,
                       part.angles, source.input_shape, source.num_classes, tuple(source.tasks),
                       part.label_maps, val, input_normalization(spec, source, train),
-                      source.origin)
+                      source.origin,
+                      content_digest(source.x, source.y, *source.tasks.values()),
+                      content_digest(*(a for r in splits for a in (r.flat, r.offsets))))
+
+
+def content_digest(*arrays) -> str:
+    """sha256 of ``arrays``' dtypes, shapes and bytes: equal exactly when the contents are (a
+    file digest would miss a different decoding or a stand-in generated anew)."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        array = np.ascontiguousarray(np.asarray(array))
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(memoryview(array).cast("B"))
+    return digest.hexdigest()
 
 
 def input_normalization(spec, source: SourceData, train: Ragged) -> Normalization:

@@ -253,6 +253,13 @@ class Method:
     requires: ClassVar[frozenset[str]] = frozenset()
     """What the scenario must provide: ``tasks`` (a multi-task dataset), ``groups`` (latent
     group labels, for oracles). Checked before anything starts."""
+    oracle: ClassVar[bool] = False
+    """A reference that reads what no deployable method can know (the scenario's latent
+    groups): reports and claims never rank it among the methods and compare with it only where
+    a claim names it."""
+    proposed_in: ClassVar[str | None] = None
+    """The title of the paper that proposes this method, for the methods raylf reproduces: the
+    report's paired statistics compare every configuration with the best of them."""
     smoke_params: ClassVar[dict[str, int]] = {}
     """Caps a smoke run (raylf.sweep.smoke) puts on parameters that count extra work (passes,
     epochs) without changing which code runs: each parameter set above its cap is lowered to it."""

@@ -34,6 +34,7 @@ class ClusteredOracle(Method):
 
     name = "clustered_oracle"
     requires = frozenset({"groups"})
+    oracle = True
     evaluation = "own"  # rows carry the group id
 
     def server_init(self, init):
@@ -64,6 +65,7 @@ class ClusteredOracleSE(Method):
     name = "clustered_oracle_se"
     personal_state = True
     requires = frozenset({"groups"})
+    oracle = True
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

@@ -212,6 +212,8 @@ class FMTSVM(Method):
 
     name = "fmtsvm"
     Params = FMTSVMParams
+    proposed_in = ("FMT-SVM: A Communication-Efficient Federated Multi-Task Support Vector "
+                   "Machine Framework for Healthcare")
     personal_state = True
     evaluation = "own"  # rows per task for two deployables
     requires = frozenset({"tasks"})

@@ -103,6 +103,7 @@ def memberships(z: np.ndarray, centers: np.ndarray, labels: np.ndarray, temperat
 class HDCFL(Method):
     name = "hdcfl"
     Params = HDCFLParams
+    proposed_in = "HDC-FL: Head-Derived Clustering for Personalized Federated Learning"
     personal_state = True
     evaluation = "own"  # the mixture and the shared-encoder row
     averaged = frozenset({"encoder"})

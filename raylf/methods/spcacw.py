@@ -186,6 +186,7 @@ class SPCACW(PeerStepMethod):
 
     name = "spcacw"
     Params = SPCACWParams
+    proposed_in = "SP-CACW: Convergence-Aware Client Weighting for Selfish Personalized Learning"
 
     @classmethod
     def check(cls, spec):
@@ -334,6 +335,7 @@ class SelfishUniform(FixedSelfish):
 class SelfishOracle(FixedSelfish):
     name = "selfish_oracle"
     requires = frozenset({"groups"})
+    oracle = True
 
     def alpha(self):
         return oracle_alpha(self.learners, self.ctx.latent_groups)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from raylf import guards, results, stats
-from raylf.labels import config_labels, setting_labels
+from raylf.labels import config_labels, methods_with, setting_labels
 
 # the per-client figure behind a trial-level one, with the trials column naming its round
 # (None: the last evaluated round); any other figure is compared per seed
@@ -67,7 +67,8 @@ class Sweep:
         if key not in self._cache:
             means = self.ok.groupby(["setting", "config"], sort=False)[value].mean()
             self._cache[key] = stats.versus(self.paired_values(value), means,
-                                             higher_is_better)
+                                             higher_is_better, reproduced=tuple(
+                                                 methods_with(self.trials, "proposed_in")))
         return self._cache[key]
 
     def flags(self) -> pd.Series:

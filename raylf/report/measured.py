@@ -146,6 +146,8 @@ class Measured:
             out = trials["trial_id"].map(kb).astype(float) * 1e3
         elif metric in TAIL:
             out = headline(trials, metric, self.sweep.tasks)
+        elif metric not in trials and metric in self.sweep.rounds:
+            out = trials["trial_id"].map(self._last_in_rounds(metric)).astype(float)
         else:
             out = trials.get(metric, pd.Series(np.nan, index=trials.index)).astype(float)
         targeted = trials["setting"].isin(self.targets)
@@ -157,6 +159,13 @@ class Measured:
                 found = per_round.last() if metric == "acc_mean" else per_round.max()
                 out[targeted] = trials.loc[targeted, "trial_id"].map(found)
         return out
+
+    def _last_in_rounds(self, metric: str) -> pd.Series:
+        """Per trial id, the last value of a rounds-table diagnostic that is written only on
+        some rounds (HDC-FL's ``silhouette`` and ``ari_previous``, at each refresh): the state
+        the run ended in."""
+        rounds = self.sweep.rounds.dropna(subset=[metric]).sort_values("round")
+        return rounds.groupby("trial_id")[metric].last()
 
     def best_rounds(self) -> pd.Series:
         """Per trial id, the round of its highest mean accuracy (over its targets where the

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from raylf.guards import NOISE
+from raylf.labels import methods_with
 from raylf.report.data import Sweep, headline
 from raylf.results import STATUSES
-from raylf.stats import ALPHA, PAPER_METHODS, RESAMPLES, average_ranks, rank_test, shared_block
+from raylf.stats import ALPHA, RESAMPLES, average_ranks, rank_test, shared_block
 
 DAGGER = "†"
 FLAGGED = "‡"
@@ -120,7 +121,7 @@ def _incomplete(sweep: Sweep, by: list[str]) -> pd.Series:
 def per_setting(sweep: Sweep, value: str, title: str, note: str,
                 higher_is_better: bool = True) -> Table | None:
     """Configurations × settings, mean ± std over seeds, average rank over the settings the
-    ranked configurations share (seed 000 Table 1: ranked within each setting, then averaged);
+    ranked configurations share (HDC-FL paper, Table 1: ranked within each setting, then averaged);
     bold the best and those tied with it by the paired test, underline the best of the rest."""
     ok = sweep.ok.dropna(subset=[value])
     if ok.empty:
@@ -183,7 +184,7 @@ TAIL_COLUMNS = {"acc_mean": "Mean", "acc_worst": "Worst", "acc_bottom20": "Bot.2
 
 
 def tail_tables(sweep: Sweep) -> list[Table]:
-    """The macro-averaged tail table (seed 000 Table 2), over the settings the ranked
+    """The macro-averaged tail table (HDC-FL paper, Table 2), over the settings the ranked
     configurations share, and, with several settings, worst, bottom-20 % and gap per setting
     (Tables 7–9)."""
     trials = sweep.trials.assign(**{f"tail_{m}": trial_metric(sweep, m) for m in TAIL_COLUMNS})
@@ -241,7 +242,7 @@ def tail_tables(sweep: Sweep) -> list[Table]:
 
 
 def max_over_rounds(sweep: Sweep) -> Table | None:
-    """SP-CACW's reading (seed 001 Table 1): the maximum over evaluated rounds of each seed's
+    """SP-CACW's reading (SP-CACW paper, Table 1): the maximum over evaluated rounds of each seed's
     mean accuracy, next to the final one. Selected on test data, so labelled as such."""
     if "score_max" not in sweep.trials:
         return None
@@ -365,7 +366,7 @@ def paired_statistics(sweep: Sweep) -> Table | None:
         configs = cells.loc[here, "Method"]
         marks.loc[here, "Mean"] = paired_marks(
             means[setting].reindex(configs), versus.loc[setting, "tied"].reindex(configs)).values
-    papers = ", ".join(PAPER_METHODS)
+    papers = ", ".join(methods_with(sweep.trials, "proposed_in")) or "none ran"
     return Table(
         "Paired statistics (final round)",
         "Trials of one setting that share a seed share the partition, so each configuration is "
@@ -450,7 +451,7 @@ def communication(sweep: Sweep) -> Table | None:
 
 
 def per_task(sweep: Sweep) -> Table | None:
-    """FMT-SVM's layout (seed 002 Tables 3–6): per task accuracy and AUC for every deployable,
+    """FMT-SVM's layout (FMT-SVM paper, Tables 3–6): per task accuracy and AUC for every deployable,
     with bytes per client per round."""
     if not sweep.tasks:
         return None
@@ -499,7 +500,7 @@ DP_COLUMNS = ("dp_epsilon_round", "dp_epsilon_achieved", "dp_epsilon_composed", 
 
 
 def privacy(sweep: Sweep) -> Table | None:
-    """Accuracy against ε (seed 002 Table 7) with the ε the noise achieves per round and the
+    """Accuracy against ε (FMT-SVM paper, Table 7) with the ε the noise achieves per round and the
     ε composed over all rounds (privacy accounting of the whole run, not one round)."""
     rounds = sweep.rounds
     if "dp_epsilon_composed" not in rounds:

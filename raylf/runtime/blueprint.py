@@ -113,3 +113,20 @@ def _rebuild(spec: dict, federation: Federation) -> Blueprint:
 def pick_device() -> torch.device:
     """cuda when this process can use it (Ray hides GPUs from actors without a share)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def describe_device(device: torch.device) -> str:
+    """What a client trained on, as the rounds table's ``worker_device`` and the trials
+    table's ``env.device`` record it: ``cuda: <GPU name>`` or ``cpu: <CPU model>``."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    import platform
+
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info
+                          if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"cpu: {model}"

@@ -125,6 +125,7 @@ class Coordinator:
         }
         record.update(_mean_metrics(metrics))
         record["worker_peak_mb"] = max(r["peak_memory"] for r in results) / 2**20
+        record["worker_device"] = "; ".join(sorted({r["device"] for r in results}))
         if diverged or len(losses) < len(participants):
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)

@@ -20,7 +20,7 @@ import torch
 
 from raylf import learning_check
 from raylf.methods.base import ClientUpdate, FitPlan, Share, score
-from raylf.runtime.blueprint import Blueprint, pick_device
+from raylf.runtime.blueprint import Blueprint, describe_device, pick_device
 from raylf.runtime.memory import peak_memory
 from raylf.seeding import client_seed, derive
 from raylf.storage import filesystem, publish
@@ -99,6 +99,7 @@ class ClientShard:
             torch.set_num_threads(threads)
         self.index = index  # this worker's number: names its checkpoint file
         self.device = pick_device()
+        self.device_name = describe_device(self.device)
         self.seed = blueprint.spec.seed
         self.is_evaluation_round = blueprint.spec.evaluates
         self.divergence_loss = blueprint.spec.federation.divergence_loss
@@ -158,6 +159,7 @@ class ClientShard:
             "bytes_up": np.asarray(up_bytes, dtype=np.int64),
             "metrics": metrics,
             "peak_memory": peak_memory(self.device),
+            "device": self.device_name,
             **reduction.message(),
         }
 

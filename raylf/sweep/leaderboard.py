@@ -15,7 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from raylf import guards, metrics, results, stats
-from raylf.labels import point_label, setting_labels
+from raylf.labels import methods_with, point_label, setting_labels
 from raylf.results import STATUSES
 
 METRICS = ("acc_mean", "acc_worst", "acc_bottom20", "acc_gap")
@@ -87,7 +87,8 @@ def _judged(board: pd.DataFrame, table: pd.DataFrame,
         clients = clients[clients["trial_id"].isin(set(ok["trial_id"]))]
     values = stats.paired_values(ok.dropna(subset=["_score"]), "_score",
                                  stats.client_accuracy(stats.reported_rows(clients, ok)))
-    judged = stats.versus(values, board.set_index(["setting", "entry"])["_rank"])
+    judged = stats.versus(values, board.set_index(["setting", "entry"])["_rank"],
+                          reproduced=tuple(methods_with(ok, "proposed_in")))
     judged["flags"] = guards.flags(ok, values, tables["rounds"], tables.get("alpha"))
     return judged
 
