@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from raylf.config import ExperimentSpec, validate
+from raylf.config import ResolvedSpec, validate
 from raylf.data import build_federation
 from raylf.experiment import run_experiment
 from raylf.methods import METHODS, Method
@@ -44,7 +44,7 @@ def without_timing(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
-def run_local_as_a_ray_worker(spec: ExperimentSpec) -> dict:
+def run_local_as_a_ray_worker(spec: ResolvedSpec) -> dict:
     """The in-process reference run's tables with one torch thread, as a Ray worker of these
     specs has (its threads = its CPUs): the arithmetic the Ray backend must reproduce."""
     threads = torch.get_num_threads()
@@ -56,7 +56,7 @@ def run_local_as_a_ray_worker(spec: ExperimentSpec) -> dict:
 
 
 def contract_spec(name: str, params: dict[str, Any] | None = None, rounds: int = 4,
-                  **sections: dict[str, Any]) -> ExperimentSpec:
+                  **sections: dict[str, Any]) -> ResolvedSpec:
     """Six clients, mlp, half participation, a validation split (so both evaluation splits are
     scored); the data the method ``requires``: multi-task digits for ``tasks``, two rotated
     groups for ``groups``. Two workers, so uploads are reduced on more than one. ``sections``
@@ -86,7 +86,7 @@ def contract_spec(name: str, params: dict[str, Any] | None = None, rounds: int =
     return validate(spec)
 
 
-def _local_runtime(spec: ExperimentSpec) -> LocalRuntime:
+def _local_runtime(spec: ResolvedSpec) -> LocalRuntime:
     return LocalRuntime(Blueprint(spec, build_federation(spec)))
 
 

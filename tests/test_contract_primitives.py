@@ -18,7 +18,7 @@ from torch import nn
 
 from raylf import learning_check, results
 from raylf.checkpoints import CheckpointFolders
-from raylf.config import OptimizerSpec, SpecError, validate
+from raylf.config import SpecError, validate
 from raylf.data import build_federation
 from raylf.experiment import run_experiment
 from raylf.methods import METHODS
@@ -27,6 +27,7 @@ from raylf.methods.fedavg_se import FedAvgSE
 from raylf.models import MODELS, build_model
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
+from raylf.schema import OptimizerSpec
 from raylf.storage import STAGING
 from raylf.training.layout import ParamLayout, model_vector
 from raylf.training.rewrites import pool_before_rectifying

@@ -69,8 +69,8 @@ def test_the_estimate_times_stand_ins_of_the_real_size(tmp_path, monkeypatch):
     plan = estimate.plan(main_trials(), budget=9)
     assert set(written) == {("cifar10", "full")}  # (the fake writes nothing: asked each time)
     spec = plan.trials[0].spec
-    assert spec.dataset.params.root == str(standin.standin_root() / "full")
-    assert "standin" in spec.model.params.weights
+    assert spec.dataset_params.root == str(standin.standin_root() / "full")
+    assert "standin" in spec.model_params.weights
     assert any(note.startswith("cifar10 is not fetched") for note in plan.notes)
     assert standin.SIZES["full"].per_class["cifar10"] == (5000, 1000)  # CIFAR-10's own counts
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from raylf import results
-from raylf.recipes import cluster_recipe
 from raylf.sweep import smoke as smoke_module
+from raylf.sweep.recipes import cluster_recipe
 from raylf.sweep.spec import load_sweep, search_plans
 from tests.test_sweep import ROOT, env, run_sweep
 
@@ -76,7 +76,7 @@ def test_smoke_keeps_the_code_and_shrinks_the_work():
     assert (small.model, small.method, small.scenario.name, small.seed) == \
         (spec.model, spec.method, spec.scenario.name, spec.seed)
     assert small.resources.workers == 2 and small.resources.cpus_per_worker == 0.25
-    assert small.dataset.params.root == "/somewhere"
+    assert small.dataset_params.root == "/somewhere"
 
 
 def smoke(tmp_path, specs):

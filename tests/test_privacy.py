@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from raylf.privacy import (
+from raylf.methods.privacy import (
     DPParams,
     achieved_epsilon,
     clip,

@@ -42,10 +42,10 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
-from raylf.config import ExperimentSpec
 from raylf.data.federation import ClientData, Federation
 from raylf.models import SplitModel
 from raylf.registry import Registry
+from raylf.schema import ExperimentSpec
 from raylf.seeding import derive
 from raylf.training.layout import PARTS, ParamLayout
 from raylf.training.sequential import AfterStep, LocalTrainer, LossFn, Penalty
@@ -262,10 +262,10 @@ class Method:
         self.ctx = ctx
 
     @classmethod
-    def check(cls, spec: ExperimentSpec) -> list[tuple[str, str]]:
+    def check(cls, spec: ExperimentSpec, params: MethodParams) -> list[tuple[str, str]]:
         """Problems of ``spec`` that only this method sees, as (field, message) pairs naming
         the fix; none by default. ``raylf.config.validate`` calls it once the spec's structure
-        and the method's params (``spec.method.hparams``) are valid and reports what it returns
+        and the method's ``params`` are valid and reports what it returns
         together with every other error of the spec, so a user fixes them all in one go.
         Only what the spec alone decides belongs here: a problem that needs the data (the
         dataset's labels, a split the data fixes) or the built model is raised where those are

@@ -68,8 +68,8 @@ class FC(PeerStepMethod):
     Params = FCParams
 
     @classmethod
-    def check(cls, spec):
-        groups, clients = spec.method.hparams.groups, spec.federation.num_clients
+    def check(cls, spec, params):
+        groups, clients = params.groups, spec.federation.num_clients
         if groups <= clients:
             return []
         return [("method.params.groups", (

@@ -82,7 +82,7 @@ class FedCE(Method):
     evaluation = "shared"
 
     @classmethod
-    def check(cls, spec):
+    def check(cls, spec, params):
         if spec.federation.participants_per_round() >= 2:
             return []
         return [("federation.participation", (

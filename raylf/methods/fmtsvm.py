@@ -88,9 +88,9 @@ from raylf.methods.multitask import (
     head_shape,
     scored,
 )
+from raylf.methods.privacy import DPParams, privatize, round_report
 from raylf.methods.shared import GlobalModelServer, upload_model
 from raylf.models import SplitModel
-from raylf.privacy import DPParams, privatize, round_report
 from raylf.seeding import client_seed, derive
 
 

@@ -113,9 +113,9 @@ class SPCACWParams(SPCACWNoRegParams):
                              "‖Var(g_t)‖², the paper's formula literally (4-5 orders smaller)")
 
 
-def check_targets(spec) -> list[tuple[str, str]]:
+def check_targets(spec, params: SelfishParams) -> list[tuple[str, str]]:
     """The ``targets`` problems of a selfish method's spec (every one has the parameter)."""
-    targets, n = spec.method.hparams.targets, spec.federation.num_clients
+    targets, n = params.targets, spec.federation.num_clients
     if targets == "all" or (targets and len(set(targets)) == len(targets)
                             and all(0 <= t < n for t in targets)):
         return []
@@ -159,8 +159,8 @@ class FixedSelfish(PeerStepMethod):
     Params = SelfishParams
 
     @classmethod
-    def check(cls, spec):
-        return check_targets(spec)
+    def check(cls, spec, params):
+        return check_targets(spec, params)
 
     def learner_ids(self):
         return target_ids(self.params.targets, self.ctx.num_clients)
@@ -185,8 +185,8 @@ class SPCACW(PeerStepMethod):
     Params = SPCACWParams
 
     @classmethod
-    def check(cls, spec):
-        return check_targets(spec)
+    def check(cls, spec, params):
+        return check_targets(spec, params)
 
     def learner_ids(self):
         return target_ids(self.params.targets, self.ctx.num_clients)

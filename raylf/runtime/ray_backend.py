@@ -24,13 +24,13 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raylf.config import ResourceSpec
 from raylf.errors import SpecError, overran
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
 from raylf.runtime.local import hosting_pool
 from raylf.runtime.memory import keep_freed_memory, reset_peak_memory
 from raylf.runtime.shard import ClientShard
+from raylf.schema import ResourceSpec
 from raylf.tree import map_leaves, tensor_bytes
 
 PLACEMENT_TIMEOUT_S = 60.0

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from raylf import results
-from raylf.config import SpecError
+from raylf.errors import SpecError
 from raylf.sweep.spec import SearchPlan, SweepSpec, Trial
 from raylf.sweep.writable import unusable
 

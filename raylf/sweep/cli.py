@@ -15,16 +15,16 @@ import ray
 
 import raylf.sweep
 from raylf import results, storage
-from raylf.config import SpecError
+from raylf.errors import SpecError
 from raylf.preflight import check_runnable
 from raylf.raycluster import Capacity, local_totals
-from raylf.recipes import cluster_recipe
 from raylf.sweep import estimate, smoke
 from raylf.sweep.claim import check_same_sweep, claim, claimed, sweep_identity
 from raylf.sweep.leaderboard import leaderboard, render
 from raylf.sweep.load import load_specs
 from raylf.sweep.notices import data_notices
 from raylf.sweep.plan import check_plan, concurrent_fit, describe_plan, resource_lines
+from raylf.sweep.recipes import cluster_recipe
 from raylf.sweep.stages import GridStage, describe_search, search_then_replicate
 from raylf.sweep.trackers import TRACKERS, tracker_callbacks
 from raylf.sweep.tuner import Interrupted, run_stage

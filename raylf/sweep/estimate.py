@@ -34,7 +34,7 @@ import statistics
 from dataclasses import dataclass
 
 from raylf import results
-from raylf.config import ExperimentSpec, validate
+from raylf.config import ResolvedSpec, validate
 from raylf.errors import SpecError
 from raylf.experiment import default_trial_id
 from raylf.raycluster import Capacity
@@ -72,13 +72,13 @@ class Estimate:
     startup_s: float  # starting a slot's actor processes, paid once per slot (not per trial)
 
 
-def timed_rounds(spec: ExperimentSpec, rounds: int) -> int:
+def timed_rounds(spec: ResolvedSpec, rounds: int) -> int:
     """R' of the module docstring: at least ``rounds``, a tenth of a long run, never past R."""
     return min(spec.federation.rounds, max(rounds, math.ceil(spec.federation.rounds / 10)))
 
 
-def timing_spec(spec: ExperimentSpec, rounds: int, dataset_root: str | None = None,
-                weights: str | None = None) -> ExperimentSpec:
+def timing_spec(spec: ResolvedSpec, rounds: int, dataset_root: str | None = None,
+                weights: str | None = None) -> ResolvedSpec:
     """The configuration's timing trial: its first :func:`timed_rounds` rounds (reading
     ``dataset_root`` / ``weights`` instead of data and weights that are not here)."""
     raw = spec.to_dict()
@@ -90,7 +90,7 @@ def timing_spec(spec: ExperimentSpec, rounds: int, dataset_root: str | None = No
     return validate(raw)
 
 
-def _without(spec: ExperimentSpec, *fields: str) -> str:
+def _without(spec: ResolvedSpec, *fields: str) -> str:
     """``spec`` but its seed and ``fields`` (a scenario keeps its validation share, which
     changes how much each client trains on)."""
     raw = {k: v for k, v in spec.to_dict().items() if k != "seed"}
@@ -154,7 +154,7 @@ def plan(trials: list[Trial], rounds: int = ESTIMATE_ROUNDS, budget: int | None 
     return EstimatePlan(timing, timed, notes, frozenset(borrowed))
 
 
-def held(spec: ExperimentSpec, kind: str) -> float:
+def held(spec: ResolvedSpec, kind: str) -> float:
     """GPUs or CPUs one trial of ``spec`` holds: its bundles (``raylf.sweep.plan``), so a trial
     that trains in its own process counts no coordinator."""
     return trial_needs(spec).get(kind, 0.0)
@@ -198,7 +198,7 @@ def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[Se
         startup = max(startup, timed[cold][0] - warm)
         timed[cold] = (min(timed[cold][0], warm),) + timed[cold][1:]
 
-    def cost(spec: ExperimentSpec) -> tuple[float, float, float]:
+    def cost(spec: ResolvedSpec) -> tuple[float, float, float]:
         fixed, per_round = timed[estimate.timed[configuration(spec)]]
         return fixed, per_round, sweep_s + fixed + spec.federation.rounds * per_round
 

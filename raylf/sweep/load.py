@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raylf.config import SpecError
+from raylf.errors import SpecError
 from raylf.sweep import estimate, smoke
 from raylf.sweep.spec import SweepSpec, Trial, load_sweep, search_plans
 

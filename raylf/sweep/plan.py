@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from raylf.config import ExperimentSpec, SpecError
+from raylf.config import ResolvedSpec
+from raylf.errors import SpecError
 from raylf.raycluster import Capacity
 from raylf.runtime.ray_backend import bundles
 from raylf.sweep.spec import SweepSpec, Trial
@@ -14,13 +15,13 @@ from raylf.sweep.spec import SweepSpec, Trial
 TRIAL_CPUS = 0.25  # bundle 0: the trial function, which drives rounds and writes tables
 
 
-def trains_inline(spec: ExperimentSpec) -> bool:
+def trains_inline(spec: ResolvedSpec) -> bool:
     """Whether a trial trains in its trial function's own process (``raylf.runtime.inline``):
     with one worker there is nothing for actors to spread, only a hop to pay."""
     return spec.active_workers() == 1
 
 
-def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
+def trial_bundles(spec: ResolvedSpec) -> list[dict[str, float]]:
     """Bundle 0 for the trial function (Tune runs it there), the coordinator's, then one per
     client worker; an inline trial's one bundle holds its worker's resources as well."""
     if trains_inline(spec):
@@ -29,7 +30,7 @@ def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
     return [{"CPU": TRIAL_CPUS}] + bundles(spec.resources, spec.active_workers())
 
 
-def trial_needs(spec: ExperimentSpec) -> dict[str, float]:
+def trial_needs(spec: ResolvedSpec) -> dict[str, float]:
     """CPUs and GPUs one trial of ``spec`` holds: the sum of its bundles."""
     need: dict[str, float] = {}
     for bundle in trial_bundles(spec):

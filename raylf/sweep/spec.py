@@ -20,20 +20,11 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from raylf.config import (
-    ExperimentSpec,
-    SpecError,
-    Strict,
-    _component_registries,
-    _errors,
-    load_raw,
-    read_yaml,
-    set_dotted,
-    set_path,
-    validate,
-)
+from raylf.config import ResolvedSpec, registered_methods, validate
+from raylf.errors import SpecError
 from raylf.experiment import default_trial_id
 from raylf.labels import point_label
+from raylf.schema import Strict, errors_of, load_raw, read_yaml, set_dotted, set_path
 
 SWEEP_FIELDS = ("name", "base", "experiment", "overrides", "grid", "methods", "seeds",
                 "search_seeds", "top_k", "resources", "max_concurrent", "checkpoint_every",
@@ -218,7 +209,7 @@ class SweepSpec(Strict):
     @field_validator("keep_final_states")
     @classmethod
     def _known_methods(cls, names: list[str]) -> list[str]:
-        methods = _component_registries()["method"]  # plugins' methods included
+        methods = registered_methods()
         unknown = [name for name in names if name not in methods]
         if unknown:
             raise ValueError(f"unknown method {', '.join(map(repr, unknown))}; allowed: "
@@ -247,7 +238,7 @@ class SweepSpec(Strict):
 @dataclass(frozen=True)
 class Trial:
     trial_id: str
-    spec: ExperimentSpec
+    spec: ResolvedSpec
     point: dict[str, Any]  # the grid values that define this trial (without the seed)
 
     @property
@@ -307,7 +298,7 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, 
     try:
         sweep = SweepSpec.model_validate(raw)
     except ValidationError as err:
-        raise SpecError(_errors(err), str(path)) from None
+        raise SpecError(errors_of(err), str(path)) from None
     return sweep, expand(sweep, Path(path).parent, str(path))
 
 
@@ -446,7 +437,7 @@ def _probe_points(search: SearchSpec, axes: dict[str, list[Any]]) -> list[dict[s
 def _search_problems(where: str, search: SearchSpec,
                      probes: list[Trial]) -> list[tuple[str, str]]:
     problems = []
-    if any(getattr(t.spec.scenario.params, "val_fraction", 0) <= 0 for t in probes):
+    if any(getattr(t.spec.scenario_params, "val_fraction", 0) <= 0 for t in probes):
         problems.append((f"{where} scenario.val_fraction", (
             f"a search chooses on validation data ({search.objective}), and this scenario holds "
             "none out; set scenario.val_fraction (e.g. 0.2) in the base or the overrides")))

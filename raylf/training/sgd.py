@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch.optim.sgd import sgd
 
-from raylf.config import OptimizerSpec
+from raylf.schema import OptimizerSpec
 
 Orders = Callable[[int], torch.Tensor]  # epoch → permutation of the client's samples
 
