@@ -12,8 +12,9 @@ from pydantic import Field
 
 from raylf import plugins
 from raylf.methods import METHODS, MethodParams
-from raylf.methods.base import Method
+from raylf.methods.base import Deployment, Method
 from raylf.methods.fedavg import FedAvg
+from raylf.methods.fedavg_se import FedAvgSE
 from raylf.runtime.ray_backend import warm_actors
 from raylf.testing import IN_PROCESS, check_method
 
@@ -76,34 +77,34 @@ class Leaky(FedAvg):
     Params = NoDefaultsParams
     calls = itertools.count()
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        plan = super().plan(payload, personal, data, extra, rnd=rnd)
+    def plan(self, client):
+        plan = super().plan(client)
         return replace(plan, start=plan.start + 1e-3 * next(self.calls))
 
 
-class ScoresItsOwnWay(FedAvg):
-    """Overrides ``evaluate`` but keeps FedAvg's ``shared`` evaluation: never called."""
+class SharesPersonalHeads(FedAvgSE):
+    """Declares ``shared`` evaluation while each client deploys its own head."""
 
-    name = "toy_scores_its_own_way"
-
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        return []
+    name = "toy_shares_personal_heads"
+    evaluation = "shared"
 
 
-class ClaimsItsOwnWay(FedAvg):
-    """Declares ``own`` evaluation without an ``evaluate`` of its own."""
+class DeploysUndeclared(FedAvg):
+    """Deploys a model under a name its ``deployables`` do not list."""
 
-    name = "toy_claims_its_own_way"
-    evaluation = "own"
+    name = "toy_deploys_undeclared"
+
+    def deploy(self, client):
+        return Deployment({"unlisted": client.payload["model"]})
 
 
 @pytest.mark.parametrize("method, words", [
-    (ScoresItsOwnWay, "overrides evaluate but declares evaluation = 'shared'"),
-    (ClaimsItsOwnWay, "declares evaluation = 'own' but inherits Method.evaluate"),
+    (SharesPersonalHeads, "declares evaluation = 'shared' but client 1 deploys other models"),
+    (DeploysUndeclared, "deploys ['unlisted'], not a subset of deployables ('main',)"),
 ])
-def test_check_method_refuses_an_evaluation_declaration_its_class_contradicts(method, words):
-    with pytest.raises(AssertionError, match="declared_evaluation_matches_evaluate") as failed:
-        check_method(method, checks=["declared_evaluation_matches_evaluate"])
+def test_check_method_refuses_a_deployment_its_declarations_contradict(method, words):
+    with pytest.raises(AssertionError, match="deploys_what_it_declares") as failed:
+        check_method(method, checks=["deploys_what_it_declares"])
     assert words in str(failed.value)
 
 

@@ -128,8 +128,8 @@ class ClientData:
     tasks_val: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def evaluated_on(self, split: str) -> ClientData:
-        """This client with ``split`` (test or val) as its evaluation split (``x_test``…), so a
-        method's ``evaluate`` scores whichever split the runtime asks for."""
+        """This client with ``split`` (test or val) as its evaluation split (``x_test``…), so
+        code that scores ``x_test`` scores whichever split it is given (``raylf.diagnostics``)."""
         if split == "test":
             return self
         return replace(self, x_test=self.x_val, y_test=self.y_val, tasks_test=self.tasks_val)

@@ -286,18 +286,19 @@ class SPCACW(PeerStepMethod):
         return {"alpha": rows} if rows else {}
 
     # ---- client half ----------------------------------------------------------------------
-    def learner_report(self, trainer, personal, data, seed, rnd):
+    def learner_report(self, client, personal):
         """At the end of each pass over its data, a target estimates L on a fresh batch at its
         new weights and reports (L, κ = lr·L)."""
-        if rnd % epoch_length(data.n_train, trainer.batch_size):
+        trainer, data = client.trainer, client.data
+        if client.rnd % epoch_length(data.n_train, trainer.batch_size):
             return {}
-        gen = generator(seed, 0)
+        gen = generator(client.seed, 0)
         pick = torch.randperm(data.n_train, generator=gen)[: trainer.batch_size]
         pick = pick.to(data.x_train.device)
         trainer.load(personal["weights"])
         lipschitz = smoothness(trainer, data.x_train[pick], data.y_train[pick],
                                self.params.power_iters, gen)
-        return {"smoothness": torch.tensor([lipschitz, trainer.opt_cfg.lr * lipschitz])}
+        return {"smoothness": torch.tensor([lipschitz, client.optimizer.lr * lipschitz])}
 
 
 @register

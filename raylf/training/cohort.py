@@ -223,7 +223,7 @@ class CohortTrainer:
         everyone steps). A member's penalty and after-step map are its own functions of its own
         rows."""
         trainer = self.trainer
-        device, cfg, batch = trainer.device, trainer.opt_cfg, trainer.batch_size
+        device, cfg, batch = trainer.device, trainer.optimizer, trainer.batch_size
         if epochs is None and max_steps is None:
             epochs = trainer.local_epochs
         flat = torch.stack([m.start for m in members]).to(device)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raylf.schema import OptimizerSpec
 from raylf.training import sgd
 from raylf.training.layout import PARTS, ParamLayout
 from raylf.training.rewrites import rewrite_for_training
@@ -47,15 +48,15 @@ of the loss): one client's parameters by name and lr → new values of some of t
 class LocalTrainer:
     """One reusable model plus the optimizer settings shared by every client of an experiment."""
 
-    def __init__(self, model: nn.Module, layout: ParamLayout, optimizer, batch_size: int,
-                 local_epochs: int, device: torch.device):
+    def __init__(self, model: nn.Module, layout: ParamLayout, optimizer: OptimizerSpec,
+                 batch_size: int, local_epochs: int, device: torch.device):
         self.model = model.to(device)
         rewrite_for_training(self.model, device)
         self.layout = layout
         self.device = device
         self.batch_size = batch_size
         self.local_epochs = local_epochs
-        self.opt_cfg = optimizer
+        self.optimizer = optimizer
         self.flat = torch.empty(layout.size, device=device)
         self._offsets: dict[int, int] = {}  # parameter id -> offset in the flat vector
         for slot in layout.slots:
@@ -89,7 +90,8 @@ class LocalTrainer:
             prox: tuple[torch.Tensor, float] | None = None,
             loss_fn: LossFn = F.cross_entropy,
             penalty: Penalty | None = None,
-            after_step: AfterStep | None = None) -> FitResult:
+            after_step: AfterStep | None = None,
+            optimizer: OptimizerSpec | None = None) -> FitResult:
         """Minibatch SGD on (x, y) for ``epochs`` (default: the federation's local epochs), one
         client: the schedule and step of ``raylf.training.sgd`` with a client dimension of one.
 
@@ -100,9 +102,11 @@ class LocalTrainer:
         parameters by name (``Slot.name``) to an extra differentiable term added to the loss
         each step; ``after_step`` maps them and the learning rate (without autograd) after
         every optimizer step to new values of some, e.g. a proximal map for a term kept out of
-        the loss. Parameters without a gradient in a step are not stepped and keep their
+        the loss. ``optimizer`` replaces the trainer's settings for this fit (FedBABU's
+        fine-tuning). Parameters without a gradient in a step are not stepped and keep their
         momentum. Every fit is logged in ``fits`` (the runtime checks each one for divergence).
         """
+        cfg = optimizer or self.optimizer
         n = len(y) if torch.is_tensor(y) else len(next(iter(y.values())))
         if epochs is None and max_steps is None:
             epochs = self.local_epochs
@@ -111,7 +115,7 @@ class LocalTrainer:
             for p in self._params[part]:
                 p.requires_grad_(part in trainable)
         weights = [p.detach()[None] for p in params]  # the client dimension of one
-        momenta = sgd.zero_momenta(weights, self.opt_cfg)
+        momenta = sgd.zero_momenta(weights, cfg)
         anchors = None
         if prox is not None:
             anchors = [prox[0][self._offsets[id(p)]: self._offsets[id(p)] + p.numel()]
@@ -132,12 +136,12 @@ class LocalTrainer:
             stepped = [i for i, p in enumerate(params) if p.grad is not None]
             sgd.step_(
                 [weights[i] for i in stepped], [params[i].grad[None] for i in stepped],
-                None if momenta is None else [momenta[i] for i in stepped], self.opt_cfg,
+                None if momenta is None else [momenta[i] for i in stepped], cfg,
                 anchors=None if anchors is None else [anchors[i] for i in stepped],
                 mu=0.0 if prox is None else prox[1])
             if after_step is not None:
                 with torch.no_grad():
-                    for name, value in after_step(self._named, self.opt_cfg.lr).items():
+                    for name, value in after_step(self._named, cfg.lr).items():
                         self._named[name].copy_(value)
             total += loss.detach()
             steps += 1
