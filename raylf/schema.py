@@ -13,10 +13,18 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from raylf.errors import SpecError
 
@@ -68,11 +76,44 @@ class MethodSpec(Strict):
 
 
 class OptimizerSpec(Strict):
-    name: str = Field("sgd", pattern="^sgd$")
+    """The local optimizer, one of a small declared set: ``sgd`` (``torch.optim.SGD``'s
+    arithmetic: weight decay, momentum, lr) or ``adam`` (``torch.optim.Adam``'s: L2 weight
+    decay, moments with ``betas``, ``eps``, bias correction); both after the proximal pull and
+    gradient clipping (``raylf.training.sgd.step_``)."""
+
+    name: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd only")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="adam only: the moments' decay")
+    eps: float = Field(1e-8, gt=0, description="adam only: added to the second moment's root")
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float | None = Field(None, gt=0, description="max global gradient norm; none = off")
+
+    @field_validator("betas")
+    @classmethod
+    def _decays(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError("each beta must be in [0, 1)")
+        return v
+
+    OWN: ClassVar[dict[str, frozenset[str]]] = {"sgd": frozenset({"momentum"}),
+                                                  "adam": frozenset({"betas", "eps"})}
+    """Each optimizer's own settings: set for another, they are refused; dumped (a spec's
+    digest, the trials table's columns) only for the optimizer named."""
+
+    @model_validator(mode="after")
+    def _own_settings(self):
+        foreign = sorted(k for name, keys in self.OWN.items() if name != self.name
+                         for k in keys & self.model_fields_set)
+        if foreign:
+            raise ValueError(f"{', '.join(foreign)} belong to another optimizer than "
+                             f"{self.name}; drop them or change name")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump_own_settings(self, handler):
+        foreign = {k for name, keys in self.OWN.items() if name != self.name for k in keys}
+        return {k: v for k, v in handler(self).items() if k not in foreign}
 
 
 class FederationSpec(Strict):

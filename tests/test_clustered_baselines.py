@@ -27,6 +27,7 @@ from raylf.methods.pacfl import (
     principal_distances,
 )
 from raylf.models import SplitModel
+from raylf.schema import OptimizerSpec
 from raylf.testing import client_round
 from raylf.training.layout import ParamLayout, model_vector
 from raylf.training.sequential import LocalTrainer
@@ -37,7 +38,7 @@ def tiny_trainer(inputs=2, classes=2, hidden=None, batch_size=4):
     encoder = nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU()) if hidden else nn.Identity()
     model = SplitModel(encoder, nn.Linear(hidden or inputs, classes))
     layout = ParamLayout.of(model)
-    opt = SimpleNamespace(lr=0.1, momentum=0.0, weight_decay=0.0, grad_clip=None)
+    opt = OptimizerSpec(lr=0.1)
     init = model_vector(model, layout)
     return LocalTrainer(model, layout, opt, batch_size, 1, torch.device("cpu")), init
 

@@ -49,7 +49,8 @@ from raylf.registry import Registry
 from raylf.schema import ExperimentSpec, OptimizerSpec
 from raylf.seeding import derive
 from raylf.training.layout import PARTS, ParamLayout
-from raylf.training.sequential import AfterStep, LocalTrainer, LossFn, Penalty
+from raylf.training.objective import LossTerm
+from raylf.training.sequential import AfterStep, LocalTrainer, LossFn
 
 Tensors = dict[str, torch.Tensor]
 State = dict[str, Any]
@@ -229,13 +230,18 @@ class FitPlan:
     any cohort code of its own, and ``raylf.testing`` checks that both give the same result.
 
     The fit is ``LocalTrainer.fit``'s: ``epochs`` passes (None: the federation's local epochs,
-    or as many as ``max_steps`` take), cut after ``max_steps`` optimizer steps; a proximal pull
-    ``mu``·(w − ``anchor``); ``penalty``, a differentiable term of the parameters added to the
-    loss; ``after_step``, a map of the parameters applied after every step (a proximal map for a
-    term kept out of the loss). Its minibatches are shuffled by the client's round seed, or by
-    ``derive(seed, "method", *seed_stream)`` for a fit that must not repeat another's order.
-    ``finish`` may return the next plan instead of the update: a client's update of several
-    fits (Ditto's personal model, then its copy of the global one) runs them in turn, each
+    or as many as ``max_steps`` take), cut after ``max_steps`` optimizer steps, with the
+    federation's optimizer or ``optimizer`` (one of ``OptimizerSpec``'s declared set). The
+    objective is the data loss ``loss_fn`` of the outputs and the ``targets`` plus each of
+    ``terms``, functions of the step's ``Batch`` (``raylf.training.objective``: the inputs and
+    targets, the model's features and outputs, the parameters, and the ``Forward`` of each of
+    ``references``, frozen flat vectors by name: the global model, the previous local one);
+    a proximal pull ``mu``·(w − ``anchor``) joins the gradient; ``after_step``, a map of the
+    parameters applied after every step (a proximal map for a term kept out of the loss). Its
+    minibatches are shuffled by the client's round seed, or by ``derive(seed, "method",
+    *seed_stream)`` for a fit that must not repeat another's order. ``finish`` may return the
+    next plan instead of the update: a client's update of several fits (Ditto's personal model,
+    then its copy of the global one; head epochs, then body epochs) runs them in turn, each
     stage of a cohort in lockstep."""
 
     start: torch.Tensor
@@ -247,15 +253,17 @@ class FitPlan:
     targets: Literal["labels", "tasks"] = "labels"  # tasks: {task: labels} for multi-task losses
     epochs: int | None = None
     max_steps: int | None = None
-    penalty: Penalty | None = None
+    terms: tuple[LossTerm, ...] = ()
+    references: dict[str, torch.Tensor] = field(default_factory=dict)
     after_step: AfterStep | None = None
     seed_stream: tuple[int, ...] | None = None
+    optimizer: OptimizerSpec | None = None
 
     def shape(self) -> tuple:
-        """What clients must share to train in one cohort (the anchor, strength, penalty and
-        after-step map are each member's own)."""
+        """What clients must share to train in one cohort (the anchor, strength, loss terms,
+        reference models and after-step map are each member's own; their names are shared)."""
         return (self.trainable, self.anchor is not None, self.loss_fn, self.targets,
-                self.epochs, self.max_steps)
+                self.epochs, self.max_steps, tuple(sorted(self.references)), self.optimizer)
 
     def seed(self, seed: int) -> int:
         """The fit's shuffling seed from the client's round seed."""
@@ -272,7 +280,8 @@ def run_plan(plan: FitPlan, client: ClientRound) -> ClientUpdate:
         prox = None if step.anchor is None else (step.anchor, step.mu)
         trainer.fit(data.x_train, targets, seed=step.seed(seed), trainable=step.trainable,
                     epochs=step.epochs, max_steps=step.max_steps, prox=prox,
-                    loss_fn=step.loss_fn, penalty=step.penalty, after_step=step.after_step)
+                    loss_fn=step.loss_fn, terms=step.terms, references=step.references,
+                    after_step=step.after_step, optimizer=step.optimizer)
         step = step.finish(trainer.vector())
     return step
 

@@ -69,12 +69,13 @@ class FC(PeerStepMethod):
 
     @classmethod
     def check(cls, spec, params):
+        problems = super().check(spec, params)
         groups, clients = params.groups, spec.federation.num_clients
-        if groups <= clients:
-            return []
-        return [("method.params.groups", (
-            f"groups={groups} exceeds the {clients} clients; use at most "
-            "federation.num_clients"))]
+        if groups > clients:
+            problems.append(("method.params.groups", (
+                f"groups={groups} exceeds the {clients} clients; use at most "
+                "federation.num_clients")))
+        return problems
 
     def learner_ids(self):
         return np.arange(self.ctx.num_clients)

@@ -10,6 +10,7 @@ import torch
 from pydantic import Field
 
 from raylf.methods.base import ClientUpdate, Deployment, FitPlan, Method, MethodParams, register
+from raylf.schema import OptimizerSpec
 from raylf.training.layout import PARTS
 
 
@@ -64,9 +65,9 @@ class FedBABU(Method):
         trainer = client.trainer
         trainer.load(model)
         if p.finetune_epochs:
-            tuning = client.optimizer.model_copy(update={
-                "lr": p.finetune_lr, "momentum": p.finetune_momentum,
-                "weight_decay": p.finetune_weight_decay})
+            tuning = OptimizerSpec(lr=p.finetune_lr, momentum=p.finetune_momentum,
+                                   weight_decay=p.finetune_weight_decay,
+                                   grad_clip=client.optimizer.grad_clip)
             trainer.fit(client.data.x_train, client.data.y_train, seed=client.seed,
                         epochs=p.finetune_epochs, optimizer=tuning,
                         trainable=PARTS if p.finetune_part == "full" else ("head",))

@@ -271,7 +271,7 @@ class FMTSVM(Method):
 
     def plan(self, client):
         """Own encoder (or the synced one) and the global heads, trained on the hinges with the
-        λ/μ terms stepped as ``penalty_step`` says: in the loss (``penalty``) or as the exact
+        λ/μ terms stepped as ``penalty_step`` says: in the loss (a loss term) or as the exact
         proximal map after every step (``after_step``); the heads (noised under DP) go up."""
         payload, personal = client.payload, client.personal
         p = self.params
@@ -292,11 +292,11 @@ class FMTSVM(Method):
 
         start = torch.cat([payload.get("encoder", personal["encoder"]), payload["heads"]])
         if p.penalty_step == "gradient":
-            def penalty(params) -> torch.Tensor:
-                w = params["head.weight"]
+            def penalty(batch) -> torch.Tensor:
+                w = batch.params["head.weight"]
                 return p.lam * covariance_penalty(w, sigma_inv) + p.mu * (w - anchor).pow(2).sum()
 
-            return FitPlan(start, finish, loss_fn=self.loss, targets="tasks", penalty=penalty)
+            return FitPlan(start, finish, loss_fn=self.loss, targets="tasks", terms=(penalty,))
         prox_map = cache(lambda lr: penalty_prox(sigma_inv, anchor, p.lam, p.mu, lr))
 
         def after_step(params, lr) -> dict[str, torch.Tensor]:

@@ -56,6 +56,16 @@ class PeerStepMethod(Method):
         self.param_slots = [s for s in ctx.layout.slots if s.is_param]
         self.has_buffers = len(self.param_slots) < len(ctx.layout.slots)
 
+    @classmethod
+    def check(cls, spec, params):
+        """A learner keeps its SGD momentum across steps in its personal state; the other
+        optimizers' state is not kept between steps here."""
+        if spec.federation.optimizer.name == "sgd":
+            return []
+        return [("federation.optimizer.name", (
+            f"{spec.method.name} steps its learners one step per round and keeps only SGD's "
+            f"momentum between them; use name: sgd"))]
+
     # ---- what a subclass defines ----------------------------------------------------------
     def learner_ids(self) -> np.ndarray:
         """Sorted ids of the clients that own a model."""

@@ -160,7 +160,7 @@ class FixedSelfish(PeerStepMethod):
 
     @classmethod
     def check(cls, spec, params):
-        return check_targets(spec, params)
+        return super().check(spec, params) + check_targets(spec, params)
 
     def learner_ids(self):
         return target_ids(self.params.targets, self.ctx.num_clients)
@@ -186,7 +186,7 @@ class SPCACW(PeerStepMethod):
 
     @classmethod
     def check(cls, spec, params):
-        return check_targets(spec, params)
+        return super().check(spec, params) + check_targets(spec, params)
 
     def learner_ids(self):
         return target_ids(self.params.targets, self.ctx.num_clients)

@@ -238,15 +238,18 @@ class ClientShard:
                 first = pending[stage[0]]
                 if len({plan.shape() for plan in pending.values()}) > 1:
                     self._sequential("the participants' plans differ in shape (trainable "
-                                     "parts, anchor, loss, targets or length)")
+                                     "parts, anchor, loss, targets, length, reference names "
+                                     "or optimizer)")
                     return None
                 members = [CohortMember(self.data.position[c], plan.start, plan.seed(seeds[c]),
-                                        plan.anchor, plan.mu, plan.penalty, plan.after_step)
+                                        plan.anchor, plan.mu, plan.terms, plan.references,
+                                        plan.after_step)
                            for c, plan in pending.items()]
                 try:
                     vectors, results = self.cohort.fit(
                         members, self.data.train, first.targets, trainable=first.trainable,
-                        loss_fn=first.loss_fn, epochs=first.epochs, max_steps=first.max_steps)
+                        loss_fn=first.loss_fn, epochs=first.epochs, max_steps=first.max_steps,
+                        optimizer=first.optimizer)
                 except RuntimeError as err:  # e.g. an op of the loss without a vmap rule
                     self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
                     return None
