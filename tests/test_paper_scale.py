@@ -13,7 +13,7 @@ import yaml
 from raylf import results
 from raylf.sweep import smoke as smoke_module
 from raylf.sweep.recipes import cluster_recipe
-from raylf.sweep.spec import load_sweep, search_plans
+from raylf.sweep.spec import load_sweep, searched_methods
 from tests.test_sweep import ROOT, env, run_sweep
 
 SHIPPED = sorted((ROOT / "tune").glob("*.yaml"))
@@ -93,7 +93,7 @@ HEAVY = {"resnet18", "mobilenet_v2", "vgg16_cifar"}
 
 def spec_models(path) -> set[str]:
     sweep, found = load_sweep(path)
-    found += search_plans(sweep, path.parent, str(path))[1] if sweep.searched else []
+    found += searched_methods(sweep, path.parent, str(path))[1] if sweep.searched else []
     return {t.spec.model.name for t in found}
 
 
@@ -106,7 +106,7 @@ def smoke_every_path(tmp_path, specs, downloaded: tuple[str, ...]):
     paths = set()
     for path in specs:
         sweep, found = load_sweep(path)
-        found += search_plans(sweep, path.parent, str(path))[1] if sweep.searched else []
+        found += searched_methods(sweep, path.parent, str(path))[1] if sweep.searched else []
         paths |= {smoke_module.code_path(t.spec) for t in found}
     proc = smoke(tmp_path, specs)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -88,7 +88,7 @@ from raylf.methods.multitask import (
     head_shape,
     task_rows,
 )
-from raylf.methods.privacy import DPParams, privatize, round_report
+from raylf.methods.privacy import DPParams, privatize, round_accounting
 from raylf.methods.shared import GlobalModelServer, upload_model
 from raylf.models import SplitModel
 from raylf.seeding import client_seed, derive
@@ -256,7 +256,7 @@ class FMTSVM(Method):
         diagnostics = {f"sigma_eig_{i}": float(v)
                        for i, v in enumerate(torch.linalg.eigvalsh(sigma))}
         if p.dp.enabled:
-            diagnostics.update(round_report(p.dp, rnd))
+            diagnostics.update(round_accounting(p.dp, rnd))
         return new, diagnostics
 
     def weights(self, heads: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ targets, every client in FC), in two exchanges:
 2. the ``step`` phase: each learner receives its direction as its message, takes its own
    optimizer step with ``federation.optimizer`` (``raylf.training.sgd.step_``, the trainers'
    step: gradient clipping, weight decay, momentum kept across steps, lr) and uploads its new
-   weights for the next broadcast (``learner_report`` adds what the subclass needs).
+   weights for the next broadcast (``learner_upload`` adds what the subclass needs).
 
 Why the learner steps, not the server: the optimizer settings are the client half's (the server
 half never sees them), and a learner owning its model, momentum and data is the papers'
@@ -86,7 +86,7 @@ class PeerStepMethod(Method):
         ``grads`` (clients, rows, P), clients in ascending order."""
         raise NotImplementedError
 
-    def learner_report(self, client, personal: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def learner_upload(self, client, personal: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Extra tensors a learner uploads after its step, from its new ``personal`` state
         (SP-CACW: its smoothness estimate)."""
         return {}
@@ -166,7 +166,7 @@ class PeerStepMethod(Method):
             w = trainer.vector()
         w, momentum = self.step(w, personal["momentum"], client.extra, client.optimizer)
         personal = {**personal, "weights": w, "momentum": momentum}
-        return ClientUpdate({"weights": w, **self.learner_report(client, personal)}, personal)
+        return ClientUpdate({"weights": w, **self.learner_upload(client, personal)}, personal)
 
     def step(self, w: torch.Tensor, momentum: torch.Tensor, direction: torch.Tensor,
              cfg) -> tuple[torch.Tensor, torch.Tensor]:

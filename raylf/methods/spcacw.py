@@ -286,7 +286,7 @@ class SPCACW(PeerStepMethod):
         return {"alpha": rows} if rows else {}
 
     # ---- client half ----------------------------------------------------------------------
-    def learner_report(self, client, personal):
+    def learner_upload(self, client, personal):
         """At the end of each pass over its data, a target estimates L on a fresh batch at its
         new weights and reports (L, κ = lr·L)."""
         trainer, data = client.trainer, client.data

@@ -49,11 +49,11 @@ def data_notices(check: DataCheck, loaded: Loaded) -> list[str]:
 
         lines += [notice(name) for name in check.standins()]
     kind = type(loaded.mode).__name__
-    if kind == "SmokePlan":
+    if kind == "SmokeRun":
         lines.append(f"smoke: {len(loaded.trials)} distinct configuration(s), one seed each, "
                      "resources shrunk to one machine; these tables test that the specs run and "
                      "say nothing about accuracy")
-    elif kind == "EstimatePlan":
+    elif kind == "TimingRun":
         lines.append(f"estimate: timing {len(loaded.trials)} configuration(s) as many at once "
                      "as the sweep would run them, for at most "
                      f"{max(t.spec.federation.rounds for t in loaded.trials)} round(s) each")

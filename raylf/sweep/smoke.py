@@ -49,7 +49,7 @@ SMOKE_GPU_SHARE = 0.25
 
 
 @dataclass(frozen=True)
-class SmokePlan:
+class SmokeRun:
     trials: list[Trial]
     notes: list[str]  # what was replaced by a stand-in, for the console
 
@@ -169,7 +169,7 @@ def standin_inputs(spec: ResolvedSpec, size: str, notes: dict[str, str]
     return root, weights
 
 
-def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -> SmokePlan:
+def smoke_run(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -> SmokeRun:
     """One shrunk trial per distinct configuration; datasets absent from the cache replaced by
     their stand-ins, ImageNet weights absent from torch's hub cache by stand-in weights (each
     written once, on first use). ``paths``: one trial per :func:`code_path` instead."""
@@ -181,7 +181,7 @@ def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -
     # trials of one bundle shape back to back: Tune reuses a trial's actors only for the next
     # trial of the same bundles, and starting an actor costs a torch import
     out.sort(key=lambda t: t.spec.resources.gpus_per_worker)
-    return SmokePlan(out, list(notes.values()))
+    return SmokeRun(out, list(notes.values()))
 
 
 def summary(root: str, trials: list[Trial]) -> str:

@@ -4,7 +4,7 @@ Every expanded trial is validated exactly like a single experiment before anythi
 problems name the sweep field they came from; ``raylf.preflight.check_runnable`` then builds
 each trial's data once, so a missing dataset or an impossible partition is a spec error, not a
 failed trial.
-A method with a ``search`` block is not expanded: it becomes a :class:`SearchPlan` (stage 1 of
+A method with a ``search`` block is not expanded: it becomes a :class:`SearchedMethod` (stage 1 of
 a two-stage sweep, see ``raylf.sweep.search``) whose bounds are validated the same way.
 """
 
@@ -249,7 +249,7 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class SearchPlan:
+class SearchedMethod:
     """A searched method: stage 1 evaluates its points on ``seeds``; :meth:`trial` turns one
     sampled point into a validated trial (what every Tune trial of the stage runs)."""
 
@@ -283,7 +283,7 @@ class SearchPlan:
 
 def load_sweep(path: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, list[Trial]]:
     """Read, override and validate a sweep file; expand it into validated trials (those of the
-    methods without a ``search``; :func:`search_plans` gives the others)."""
+    methods without a ``search``; :func:`searched_methods` gives the others)."""
     raw = load_raw(path)
     if not isinstance(raw, dict):
         raise SpecError([("", "a sweep spec must be a mapping of fields")], str(path))
@@ -385,14 +385,14 @@ def _refuse_twins(trials: list[Trial], source: str | None) -> None:
             "same method and grid point listed twice); remove the repeated entry"))], source)
 
 
-def search_plans(sweep: SweepSpec, folder: Path = Path("."),
-                 source: str | None = None) -> tuple[list[SearchPlan], list[Trial]]:
-    """The searched methods' plans, and the trials that stand for each plan's bounds (every
+def searched_methods(sweep: SweepSpec, folder: Path = Path("."),
+                 source: str | None = None) -> tuple[list[SearchedMethod], list[Trial]]:
+    """The searched methods, and the trials that stand for each one's bounds (every
     end of every distribution, every choice, every grid point, on every search seed): they are
     validated here and their data built by ``raylf.preflight.check_runnable``, so a search
     cannot fail on a value its space allows."""
     base = _resolved_base(sweep, folder, source)
-    plans: list[SearchPlan] = []
+    searches: list[SearchedMethod] = []
     probes: list[Trial] = []
     problems: list[tuple[str, str]] = []
     for m, entry in enumerate(_entries(sweep, base)):
@@ -415,12 +415,12 @@ def search_plans(sweep: SweepSpec, folder: Path = Path("."),
             continue
         problems += _search_problems(where, search, entry_probes)
         probes += entry_probes
-        plans.append(SearchPlan(
+        searches.append(SearchedMethod(
             f"{m}-{entry.name}", m, entry, base, axes, tuple(sweep.search_seeds),
             max(t.spec.federation.rounds for t in entry_probes)))
     if problems:
         raise SpecError(sorted(set(problems)), source)
-    return plans, probes
+    return searches, probes
 
 
 def _probe_points(search: SearchSpec, axes: dict[str, list[Any]]) -> list[dict[str, Any]]:

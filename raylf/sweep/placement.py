@@ -1,6 +1,6 @@
-"""A sweep's resource plan: the placement-group bundles each trial reserves, whether every trial
+"""Where a sweep's trials run: the placement-group bundles each trial reserves, whether every trial
 fits the cluster (Tune would leave one that never fits pending forever), how many fit at once,
-and the plan's lines on the console."""
+and what the console says of it."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def concurrent_fit(trials: list[Trial], total: dict[str, float]) -> int:
     return min(int(total.get(kind, 0) // amount + 1e-9) for kind, amount in worst.items())
 
 
-def check_plan(trials: list[Trial], total: dict[str, float]) -> None:
+def check_placement(trials: list[Trial], total: dict[str, float]) -> None:
     """Every trial's bundles fit the cluster's totals (Tune would leave it pending forever)."""
     problems = set()
     for trial in trials:
@@ -69,9 +69,9 @@ def describe_resources(total: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in sorted(total.items()) if k in ("CPU", "GPU"))
 
 
-def describe_plan(sweep: SweepSpec, trials: list[Trial], cluster: Capacity,
+def describe_placement(sweep: SweepSpec, trials: list[Trial], cluster: Capacity,
                   where: str, listing: bool = True) -> list[str]:
-    """The plan: trial count (and, with ``listing``, every trial), bundles and how many fit."""
+    """The placement: trial count (and, with ``listing``, every trial), bundles and how many fit."""
     points = len({(t.spec.method.name, json.dumps(t.point, sort_keys=True)) for t in trials})
     lines = [f"{len(trials)} trials" if listing else
              f"sweep {sweep.name}: {len(trials)} trials ({points} method/grid points × "
