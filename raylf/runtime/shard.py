@@ -228,7 +228,7 @@ class ClientShard:
                  for c in client_ids}
         ids = [int(c) for c in client_ids]
         size = self.cohort.size(self.cohort_setting, len(ids), self.trainer.batch_size,
-                                tuple(self.data.train.x.shape[1:]))
+                                self.data.train.x)
         done: dict[int, tuple] = {}
         fits: dict[int, list[FitResult]] = {c: [] for c in ids}
         for block in cohorts(len(ids), size):
@@ -325,11 +325,15 @@ class ClientShard:
         deployed = {c: shared or deployment(c) for c in ids}
         rows = []
         for split in self.splits:
+            scored = None
             if shared is not None:
                 scored = self._shared_rows(shared, ids, split)
             elif self.cohort is not None:
-                scored = self._cohort_rows(deployed, split)
-            else:
+                try:
+                    scored = self._cohort_rows(deployed, split)
+                except RuntimeError as err:  # e.g. an op of the model without a vmap rule
+                    self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
+            if scored is None:
                 scored = self._sequential_rows(deployed, split)
             rows += self._client_rows(rnd, split, deployed, scored)
         return rows
@@ -415,7 +419,7 @@ class ClientShard:
         if not models:
             return {}
         size = self.cohort.size(self.cohort_setting, len(models), max(
-            s.stop - s.start for s in spans) or 1, tuple(data.x.shape[1:]))
+            s.stop - s.start for s in spans) or 1, data.x)
         scored = {}
         for block in cohorts(len(models), size):
             longest = max(s.stop - s.start for s in spans[block])

@@ -187,11 +187,12 @@ class CohortTrainer:
         self.part_of = {s.name: s.name.split(".", 1)[0] for s in self.params}
         model = trainer.model
         self.layers = BatchedLayers(model) if BatchedLayers.supports(model) else None
-        self._footprints: dict[tuple, int] = {}  # (batch, sample shape) → bytes per client
+        self._footprints: dict[tuple, int] = {}  # (batch, sample shape, dtype) → bytes a client
 
-    def per_client_bytes(self, batch_size: int, sample_shape: tuple[int, ...]) -> int:
+    def per_client_bytes(self, batch_size: int, inputs: torch.Tensor) -> int:
         """A cohort member's footprint: parameters, gradients, momentum and anchor (4 × P
-        floats) plus a batch's activations, measured once by running the model on one batch."""
+        floats) plus a batch's activations, measured once by running the model on one batch of
+        zeros shaped and typed as ``inputs``' samples (token ids for a character model)."""
         activations = 0
 
         def count(_module, _inputs, output):
@@ -203,15 +204,16 @@ class CohortTrainer:
         hooks = [m.register_forward_hook(count) for m in model.modules()]
         try:
             with torch.no_grad():
-                model(torch.zeros(batch_size, *sample_shape, device=self.trainer.device))
+                model(inputs.new_zeros(batch_size, *inputs.shape[1:]))
         finally:
             for hook in hooks:
                 hook.remove()
         return 4 * (4 * self.layout.size + 2 * activations)  # float32, forward + backward
 
     def size(self, setting: str | int, participants: int, batch_size: int,
-             sample_shape: tuple[int, ...]) -> int:
-        """Clients per lockstep batch: a number, or ``auto`` from the device's free memory."""
+             inputs: torch.Tensor) -> int:
+        """Clients per lockstep batch: a number, or ``auto`` from the device's free memory for
+        batches of ``inputs``' samples."""
         if setting != "auto":
             return max(1, int(setting))
         device = self.trainer.device
@@ -221,9 +223,9 @@ class CohortTrainer:
             import psutil
 
             free = psutil.virtual_memory().available
-        key = (batch_size, sample_shape)
+        key = (batch_size, tuple(inputs.shape[1:]), inputs.dtype)
         if key not in self._footprints:
-            self._footprints[key] = self.per_client_bytes(batch_size, sample_shape)
+            self._footprints[key] = self.per_client_bytes(batch_size, inputs)
         fits = int(MEMORY_SHARE * free // self._footprints[key])
         return max(1, min(participants, fits))
 
