@@ -49,7 +49,7 @@ SWEEP = {
                        "optimizer": {"lr": 0.05}},
         "eval_every": 5,
         # one worker of half a CPU, trained in the trial function's own process (its quarter
-        # CPU beside it: raylf.sweep.plan), so two trials run at once on two cores
+        # CPU beside it: raylf.sweep.placement), so two trials run at once on two cores
         "resources": {"workers": 1, "cpus_per_worker": 0.5},
     },
     "methods": [{"name": "fedprox", "grid": {"method.params.mu": [0.0, 0.001, 0.01, 0.1],

@@ -45,13 +45,13 @@ class SoakFedAvg(FedAvg):
     name = "soak_fedavg"
     Params = SoakParams
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def local_update(self, client):
         if random.random() < self.params.kill_probability:
             import ray
 
             ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
             time.sleep(60)  # the kill lands while the round is in flight
-        return super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
+        return super().local_update(client)
 
 
 if "soak_fedavg" not in METHODS:

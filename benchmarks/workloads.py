@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from raylf.config import ExperimentSpec, set_path, validate
+from raylf.config import ResolvedSpec, validate
 from raylf.data import sources
 from raylf.data.federation import Federation, build_federation
 from raylf.data.sources import SourceData
@@ -29,6 +29,7 @@ from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import balance
 from raylf.runtime.ray_backend import RayShard
 from raylf.runtime.shard import ClientShard
+from raylf.schema import set_path
 from raylf.seeding import derive, stream
 from raylf.training.rewrites import rewrite_for_training
 from raylf.training.sequential import seed_global
@@ -140,7 +141,7 @@ def with_fields(base: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 def make_spec(base: dict[str, Any], *, workers: int = 1, cpus_per_worker: float = 1.0,
               gpus_per_worker: float = 0.0, cohort: str | int = "auto",
-              **fields: Any) -> ExperimentSpec:
+              **fields: Any) -> ResolvedSpec:
     """The validated spec of ``base`` with these resources and field overrides."""
     raw = with_fields(base, **fields)
     raw["resources"] = {"workers": workers, "cpus_per_worker": cpus_per_worker,
@@ -149,26 +150,26 @@ def make_spec(base: dict[str, Any], *, workers: int = 1, cpus_per_worker: float 
     return validate(raw)
 
 
-def participants_of(spec: ExperimentSpec) -> np.ndarray:
+def participants_of(spec: ResolvedSpec) -> np.ndarray:
     """R×M: exactly the clients raylf's ``Method.select`` draws in rounds 1..R."""
     n, m = spec.federation.num_clients, spec.federation.participants_per_round()
     return np.stack([np.sort(stream(spec.seed, "participation", r).choice(n, m, replace=False))
                      for r in range(1, spec.federation.rounds + 1)])
 
 
-def export_npz(spec: ExperimentSpec, path, cpus_per_client: float = 1.0) -> None:
+def export_npz(spec: ResolvedSpec, path, cpus_per_client: float = 1.0) -> None:
     """A peer side's workload file (benchmarks/flower_side.py: the mlp; benchmarks/pfl_side.py:
     mlp and cnn): identical data, partition, participants, initial weights and hyperparameters.
     ``x`` is stored flat; ``config["input_shape"]`` gives each sample's shape."""
     if spec.model.name not in ("mlp", "cnn") or spec.method.name != "fedavg":
         raise ValueError("the peer workload covers fedavg with the mlp or cnn model")
     fed = build_federation(spec)
-    source = sources.load_source(spec.dataset.name, spec.dataset.params)
+    source = sources.load_source(spec.dataset.name, spec.dataset_params)
     bp = Blueprint(spec, fed)
     names = [s.name for s in bp.layout.slots]
     assert all(s.is_param for s in bp.layout.slots), names  # weights and biases only, no buffers
     fcfg = spec.federation
-    mp = spec.model.params
+    mp = spec.model_params
     arch = {"hidden": list(mp.hidden)} if spec.model.name == "mlp" else \
         {"channels": list(mp.channels), "features": mp.features}
     config = {"model": spec.model.name, **arch, "input_shape": list(fed.input_shape),
@@ -187,7 +188,7 @@ def export_npz(spec: ExperimentSpec, path, cpus_per_client: float = 1.0) -> None
              config=np.array(json.dumps(config)), **arrays)
 
 
-def balance_bound(spec: ExperimentSpec, fed: Federation | None = None) -> float:
+def balance_bound(spec: ResolvedSpec, fed: Federation | None = None) -> float:
     """Best possible per-round ratio to one worker with the runtime's split of participants.
 
     Median over rounds after the first of (training samples on the busiest worker) / (all
@@ -211,7 +212,7 @@ def balance_bound(spec: ExperimentSpec, fed: Federation | None = None) -> float:
 # --------------------------------------------------------------------------- the floor
 
 
-def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
+def floor_run(spec: ResolvedSpec, fed: Federation | None = None,
               device: str = "cpu", torch_seed: bool = False,
               raylf_layout: bool = False) -> dict[str, Any]:
     """The identical experiment as a plain single-process PyTorch loop (no raylf runtime).
@@ -224,7 +225,7 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
     a CPU, channels-last convolutions for models that ask for it): the same arithmetic.
     """
     fed = fed or build_federation(spec)
-    source = sources.load_source(spec.dataset.name, spec.dataset.params)
+    source = sources.load_source(spec.dataset.name, spec.dataset_params)
     dev = torch.device(device)
     x_all = normalized_inputs(fed, source)
     y_all = torch.from_numpy(source.y)
@@ -285,7 +286,7 @@ def floor_run(spec: ExperimentSpec, fed: Federation | None = None,
     return {"round_s": round_s, "final_acc_per_client": accs}
 
 
-def trains_channels_last(spec: ExperimentSpec, device: str = "cpu") -> bool:
+def trains_channels_last(spec: ResolvedSpec, device: str = "cpu") -> bool:
     """Whether raylf's trainer runs this spec's model on channels-last activations here."""
     model = Blueprint(spec, build_federation(spec)).build_model()
     return device == "cpu" and model.channels_last_on_cpu

@@ -1,208 +1,62 @@
-"""Validated experiment specs: YAML (plus ``--set`` overrides) in, one clear error list out.
+"""Specs resolved against the registries: YAML (plus ``--set`` overrides) in, a typed experiment
+or one clear error list out.
 
-Structure is checked by pydantic; each named component (dataset, scenario, model, method) then
-validates its own parameters with the ``Params`` model it registered, so a sweep axis such as
-``method.params.mu`` or ``scenario.alpha`` is checked exactly like the file. The method then
-adds what only it sees in the whole spec (``Method.check``: FedCE's two participants per round),
-and every problem found is reported in one error.
+``raylf.schema`` checks a spec's structure. Here each named component (dataset, scenario,
+model, method) is looked up in its registry and validates its own parameters with the
+``Params`` model it registered, so a sweep axis such as ``method.params.mu`` or
+``scenario.alpha`` is checked exactly like the file. The method then adds what only it sees in
+the whole spec (``Method.check``: FedCE's two participants per round), and every problem found
+is reported in one error. What comes out is a :class:`ResolvedSpec`: the spec as written plus
+the method's class and every component's typed parameters, the form the runtime and every
+command above it take.
+
+This module sits above every registry (data sources and scenarios, models, methods) and
+imports them; none of them imports it, and the schema below them all imports none of them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError
 
+from raylf.data import presets
+from raylf.data.scenarios import SCENARIOS
+from raylf.data.sources import SOURCES
 from raylf.errors import SpecError
+from raylf.methods import METHODS, Method, MethodParams
+from raylf.models import MODELS
+from raylf.plugins import load_plugins
 from raylf.registry import Registry, UnknownName
+from raylf.schema import ExperimentSpec, errors_of, flatten, load_raw, parse, set_dotted
 
 
-class SpecLoader(yaml.SafeLoader):
-    """YAML as specs mean it: only ``true`` / ``false`` are booleans (YAML 1.2).
+class ResolvedSpec(ExperimentSpec):
+    """An ``ExperimentSpec`` resolved against the registries: its fields as written, plus the
+    method's class and each component's parameters validated by the ``Params`` it registered.
+    Only :func:`resolve` builds one, so none is ever half-resolved. It dumps (``to_dict``,
+    ``digest``) exactly as the spec it came from: the typed parts are derived, not written;
+    what a trial records of it (:meth:`resolved`, ``flat``) has every default filled in."""
 
-    PyYAML follows YAML 1.1, where ``off``, ``on``, ``yes``, ``no``, ``y`` and ``n`` are booleans
-    too, so ``resources.cohort: off`` reached the validator as ``False``. Read as strings, those
-    words still fill boolean fields (pydantic accepts them) and fill enumerated fields as written.
-    """
-
-
-SpecLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-SpecLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-    list("tTfF"))
-
-
-def read_yaml(text: str) -> Any:
-    """A spec file's or a ``--set`` value's YAML, booleans as in YAML 1.2 (:class:`SpecLoader`)."""
-    return yaml.load(text, Loader=SpecLoader)  # noqa: S506 - a SafeLoader subclass
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class Component(BaseModel):
-    """A named component whose remaining keys are validated by that component's ``Params``."""
-
-    model_config = ConfigDict(extra="allow")
-    name: str
-
-    _params: BaseModel | None = PrivateAttr(default=None)
-
-    @property
-    def params(self) -> BaseModel:
-        assert self._params is not None, "spec was not resolved"
-        return self._params
-
-
-class MethodSpec(Strict):
-    name: str
-    params: dict[str, Any] = Field(default_factory=dict)
-
-    _validated: BaseModel | None = PrivateAttr(default=None)
-
-    @property
-    def hparams(self) -> BaseModel:
-        assert self._validated is not None, "spec was not resolved"
-        return self._validated
-
-
-class OptimizerSpec(Strict):
-    name: str = Field("sgd", pattern="^sgd$")
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float | None = Field(None, gt=0, description="max global gradient norm; none = off")
-
-
-class FederationSpec(Strict):
-    num_clients: int = Field(ge=1)
-    participation: float = Field(1.0, gt=0, le=1, description="fraction of clients per round")
-    rounds: int = Field(ge=1)
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(32, ge=1)
-    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
-    divergence_loss: float = Field(
-        1e4, gt=0, description="a client's mean local loss above this (or NaN/inf) = diverged")
-
-    def participants_per_round(self) -> int:
-        return max(1, round(self.participation * self.num_clients))
-
-
-class ResourceSpec(Strict):
-    workers: int = Field(2, ge=1, description="client-worker actors, each hosting a shard")
-    cpus_per_worker: float = Field(1.0, gt=0)
-    gpus_per_worker: float = Field(0.0, ge=0)
-    coordinator_cpus: float = Field(
-        0.25, gt=0, description="the coordinator actor's CPUs (a one-worker sweep trial has no "
-                                "coordinator actor: its trial function trains, on one bundle)")
-    round_timeout_s: float = Field(1800.0, gt=0, description="longest wait for one round")
-    trial_timeout_s: float | None = Field(
-        None, gt=0, description="wall-clock budget of one experiment, checked after each round; "
-                                "over it the run ends with status timeout; none = no budget")
-    client_data: Literal["auto", "sharded", "replicated"] = Field(
-        "auto", description="sharded: each worker holds its own block of clients' data and trains "
-                            "those; replicated: every worker holds all of it and a round's "
-                            "participants are split to balance the work (methods without "
-                            "per-client state only); auto: replicated when that is allowed and "
-                            "the training data is at most 256 MiB")
-
-    @field_validator("gpus_per_worker")
-    @classmethod
-    def _gpu_share(cls, v: float) -> float:
-        if 0 < v < 1 and not math.isclose(1 / v, round(1 / v), rel_tol=1e-6):
-            raise ValueError("a fractional GPU share must be 1/n (0.5, 0.25, 0.125, …)")
-        if v >= 1 and v != int(v):
-            raise ValueError("more than one GPU per worker must be a whole number")
-        return v
-
-    cohort: Literal["auto", "off"] | int = Field(
-        "auto", description="clients a worker trains in lockstep (raylf.training.cohort): a "
-                            "number, off (one after another), or auto (sized from the device's "
-                            "free memory)")
-
-    @field_validator("cohort", mode="before")
-    @classmethod
-    def _cohort_size(cls, v):
-        if isinstance(v, bool):  # a bool is an int to pydantic: true would train cohorts of 1
-            raise ValueError("give a number of clients, off or auto (got a boolean)")
-        if isinstance(v, int) and v < 1:
-            raise ValueError("a cohort holds at least 1 client (or use off / auto)")
-        return v
-
-    def threads_per_worker(self) -> int:
-        return max(1, int(self.cpus_per_worker))
-
-
-class ExperimentSpec(Strict):
-    name: str = "experiment"
-    seed: int = Field(0, ge=0)
-    dataset: Component
-    scenario: Component
-    model: Component
-    method: MethodSpec
-    federation: FederationSpec
-    eval_every: int = Field(1, ge=1)
-    eval_clients: Literal["all"] | int | float = Field(
-        "all", description="clients evaluated on evaluation rounds: all, a number, or a "
-                           "fraction in (0, 1] (a seeded sample each round; the last round "
-                           "always evaluates every client)")
-    resources: ResourceSpec = Field(default_factory=ResourceSpec)
-
-    @field_validator("eval_clients")
-    @classmethod
-    def _eval_clients(cls, v):
-        if isinstance(v, bool) or (isinstance(v, int) and v < 1) or \
-                (isinstance(v, float) and not 0 < v <= 1):
-            raise ValueError("give all, a number of clients ≥ 1, or a fraction in (0, 1]")
-        return v
-
-    def active_workers(self) -> int:
-        """Client workers a run starts: ``resources.workers``, never more than the clients (a
-        worker hosts at least one)."""
-        return min(self.resources.workers, self.federation.num_clients)
-
-    def evaluated_per_round(self) -> int | None:
-        """How many clients a non-final evaluation round scores (None: all)."""
-        if self.eval_clients == "all":
-            return None
-        count = self.eval_clients if isinstance(self.eval_clients, int) else \
-            math.ceil(self.eval_clients * self.federation.num_clients)
-        return None if count >= self.federation.num_clients else count
-
-    def evaluates(self, rnd: int) -> bool:
-        """Whether round ``rnd`` is an evaluation round (every ``eval_every``-th, and the last)."""
-        return rnd % self.eval_every == 0 or rnd == self.federation.rounds
-
-    def to_dict(self) -> dict[str, Any]:
-        """The spec as written: the fields it sets (components and method parameters only where
-        given), what trial ids and digests are computed from."""
-        return self.model_dump(mode="json")
+    method_class: type[Method] = Field(exclude=True)
+    method_params: MethodParams = Field(exclude=True)
+    model_params: BaseModel = Field(exclude=True)
+    dataset_params: BaseModel = Field(exclude=True)
+    scenario_params: BaseModel = Field(exclude=True)
 
     def resolved(self) -> dict[str, Any]:
-        """The spec as it runs: :meth:`to_dict` with every dataset, scenario and model parameter
+        """The spec as it runs: ``to_dict`` with every dataset, scenario and model parameter
         and every method parameter filled in from its ``Params``, defaults included. This is
         what a trial records (the trials table's config columns, the Parquet metadata), so a
         default that changes in a later version never makes an old result ambiguous."""
         out = self.to_dict()
-        for field in ("dataset", "scenario", "model"):
-            component = getattr(self, field)
-            out[field] = {"name": component.name, **component.params.model_dump(mode="json")}
+        for part in ("dataset", "scenario", "model"):
+            params = getattr(self, f"{part}_params").model_dump(mode="json")
+            out[part] = {"name": getattr(self, part).name, **params}
         out["method"] = {"name": self.method.name,
-                         "params": self.method.hparams.model_dump(mode="json")}
+                         "params": self.method_params.model_dump(mode="json")}
         return out
-
-    def digest(self) -> str:
-        blob = json.dumps(self.to_dict(), sort_keys=True).encode()
-        return hashlib.sha256(blob).hexdigest()[:10]
 
     def flat(self) -> dict[str, Any]:
         """Every scalar leaf of :meth:`resolved` as ``dotted.key: value`` (the trials table's
@@ -210,100 +64,84 @@ class ExperimentSpec(Strict):
         return dict(flatten(self.resolved()))
 
 
-def flatten(tree: Any, prefix: str = ""):
-    """``dotted.key: value`` pairs of a nested dict, lists as JSON: the form of the trials
-    table's config columns."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from flatten(value, f"{prefix}{key}.")
-    elif isinstance(tree, list):
-        yield prefix[:-1], json.dumps(tree)
-    else:
-        yield prefix[:-1], tree
-
-
-def _loc(loc: tuple) -> str:
-    return ".".join(str(p) for p in loc)
-
-
-def _errors(err: ValidationError, prefix: str = "") -> list[tuple[str, str]]:
-    out = []
-    for e in err.errors():
-        msg = "unknown field" if e["type"] == "extra_forbidden" else e["msg"]
-        if e["type"] not in ("missing", "extra_forbidden") and "input" in e:
-            msg += f" (got {e['input']!r})"
-        out.append((prefix + _loc(e["loc"]), msg))
-    return out
-
-
-def _component_registries() -> dict[str, Registry]:
-    from raylf.data import scenarios, sources
-    from raylf.methods import METHODS
-    from raylf.models import MODELS
-    from raylf.plugins import load_plugins
-
+def registered_methods() -> Registry[type[Method]]:
+    """The method registry, the plugins' methods in it (``RAYLF_PLUGINS``)."""
     load_plugins()
-    return {
-        "dataset": sources.SOURCES,
-        "scenario": scenarios.SCENARIOS,
-        "model": MODELS,
-        "method": METHODS,
-    }
+    return METHODS
 
 
-def validate(raw: dict[str, Any], source: str | None = None) -> ExperimentSpec:
-    """Validate a spec dict completely (structure, then each component's own parameters)."""
-    if not isinstance(raw, dict):
-        raise SpecError([("", "a spec must be a mapping of fields")], source)
-    raw = _apply_preset(raw, source)
+def _validated(registry: Registry, name: str, values: dict[str, Any], where: str,
+               problems: list[tuple[str, str]]):
+    """(registered entry, its ``Params`` validated from ``values``), or None with the
+    problems added under ``where``."""
     try:
-        spec = ExperimentSpec.model_validate(raw)
+        entry = registry.get(name)
+    except UnknownName as err:
+        problems.append((f"{where.split('.')[0]}.name", str(err)))
+        return None
+    try:
+        return entry, entry.Params.model_validate(values)
     except ValidationError as err:
-        raise SpecError(_errors(err), source) from None
+        problems.extend(errors_of(err, where))
+        return None
+
+
+def resolve(spec: ExperimentSpec, source: str | None = None) -> ResolvedSpec:
+    """``spec`` resolved against the registries (plugins loaded first), or a ``SpecError``
+    listing every problem of its components and of the method's view of the whole spec."""
+    load_plugins()
     problems: list[tuple[str, str]] = []
-    registries = _component_registries()
-    for field, registry in registries.items():
-        comp = getattr(spec, field)
-        try:
-            entry = registry.get(comp.name)
-        except UnknownName as err:
-            problems.append((f"{field}.name", str(err)))
-            continue
-        values = comp.params if field == "method" else dict(comp.model_extra or {})
-        prefix = f"{field}.params." if field == "method" else f"{field}."
-        try:
-            validated = entry.Params.model_validate(values)
-        except ValidationError as err:
-            problems.extend(_errors(err, prefix))
-            continue
-        if field == "method":
-            comp._validated = validated
-            if spec.resources.client_data == "replicated" and entry.personal_state:
-                problems.append(("resources.client_data", (
-                    f"{comp.name} keeps per-client state on the worker that hosts the client, "
-                    "so its clients cannot move between workers; use sharded or auto")))
-            scenario = registries["scenario"]
-            if "groups" in entry.requires and spec.scenario.name in scenario and \
-                    not getattr(scenario.get(spec.scenario.name), "latent_groups", False):
-                with_groups = [n for n in scenario.names()
-                               if getattr(scenario.get(n), "latent_groups", False)]
-                problems.append(("method.name", (
-                    f"{comp.name} needs the scenario's latent group labels; scenario "
-                    f"{spec.scenario.name!r} has none (use one of: {', '.join(with_groups)})")))
-            problems.extend(entry.check(spec))
-        else:
-            comp._params = validated
+    found = {
+        "dataset": _validated(SOURCES, spec.dataset.name, spec.dataset.written(), "dataset.",
+                              problems),
+        "scenario": _validated(SCENARIOS, spec.scenario.name, spec.scenario.written(),
+                               "scenario.", problems),
+        "model": _validated(MODELS, spec.model.name, spec.model.written(), "model.", problems),
+        "method": _validated(METHODS, spec.method.name, spec.method.params, "method.params.",
+                             problems),
+    }
+    if found["method"] is not None:
+        method, params = found["method"]
+        problems.extend(_method_problems(spec, method, params))
     if problems:
         raise SpecError(problems, source)
-    return spec
+    return ResolvedSpec(**{name: getattr(spec, name) for name in ExperimentSpec.model_fields},
+                        method_class=found["method"][0], method_params=found["method"][1],
+                        model_params=found["model"][1], dataset_params=found["dataset"][1],
+                        scenario_params=found["scenario"][1])
+
+
+def _method_problems(spec: ExperimentSpec, method: type[Method],
+                     params: MethodParams) -> list[tuple[str, str]]:
+    """What the method's class sees wrong in the whole spec: state that cannot move between
+    workers, latent groups the scenario lacks, and the method's own ``check``."""
+    problems = []
+    if spec.resources.client_data == "replicated" and method.personal_state:
+        problems.append(("resources.client_data", (
+            f"{spec.method.name} keeps per-client state on the worker that hosts the client, "
+            "so its clients cannot move between workers; use sharded or auto")))
+    if "groups" in method.requires and spec.scenario.name in SCENARIOS and \
+            not getattr(SCENARIOS.get(spec.scenario.name), "latent_groups", False):
+        with_groups = [n for n in SCENARIOS.names()
+                       if getattr(SCENARIOS.get(n), "latent_groups", False)]
+        problems.append(("method.name", (
+            f"{spec.method.name} needs the scenario's latent group labels; scenario "
+            f"{spec.scenario.name!r} has none (use one of: {', '.join(with_groups)})")))
+    return problems + method.check(spec, params)
+
+
+def validate(raw: dict[str, Any], source: str | None = None) -> ResolvedSpec:
+    """A raw spec (a preset merged under it) checked completely, structure then components,
+    and resolved."""
+    if not isinstance(raw, dict):
+        raise SpecError([("", "a spec must be a mapping of fields")], source)
+    return resolve(parse(_apply_preset(raw, source), source), source)
 
 
 def _apply_preset(raw: dict[str, Any], source: str | None) -> dict[str, Any]:
     """Merge the named paper preset (raylf.data.presets) under the spec: explicit fields win."""
     if "preset" not in raw:
         return raw
-    from raylf.data import presets
-
     rest = {k: v for k, v in raw.items() if k != "preset"}
     name = raw["preset"]
     if not isinstance(name, str) or name not in presets.PRESETS:
@@ -312,40 +150,8 @@ def _apply_preset(raw: dict[str, Any], source: str | None) -> dict[str, Any]:
     return presets.merge_under(presets.get(name), rest)
 
 
-def set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """Set ``value`` at ``dotted`` (``federation.optimizer.lr``) in a raw spec, creating the
-    mappings on the way. The one setter behind command-line overrides, a sweep's ``overrides``
-    and the specs tests and benchmarks build in code, so a path means the same everywhere."""
-    *parents, leaf = dotted.split(".")
-    node = tree
-    for part in parents:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise SpecError([(dotted, f"{part!r} is not a mapping, cannot set a field inside it")])
-        node = child
-    node[leaf] = value
-
-
-def set_dotted(tree: dict[str, Any], assignment: str) -> None:
-    """Apply one ``dotted.key=value`` override; the value is read as YAML (numbers, lists, …)."""
-    key, sep, text = assignment.partition("=")
-    if not sep or not key:
-        raise SpecError([(assignment, "an override must look like dotted.key=value")])
-    set_path(tree, key.strip(), read_yaml(text) if text.strip() else None)
-
-
-def load_raw(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError([("", f"spec file not found: {path}")])
-    try:
-        raw = read_yaml(path.read_text())
-    except yaml.YAMLError as err:
-        raise SpecError([("", f"not valid YAML: {err}")], str(path)) from None
-    return raw if raw is not None else {}
-
-
-def load_spec(path: str | Path, overrides: list[str] = ()) -> ExperimentSpec:
+def load_spec(path: str | Path, overrides: list[str] = ()) -> ResolvedSpec:
+    """A spec file with ``dotted.key=value`` overrides applied, validated and resolved."""
     raw = load_raw(path)
     if isinstance(raw, dict):
         for assignment in overrides:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from raylf.config import SpecError, load_raw, validate
+from raylf.config import validate
 from raylf.data import build_federation, presets, standin
 from raylf.data.cache import (
     ENV_VAR,
@@ -43,6 +43,8 @@ from raylf.data.cache import (
 )
 from raylf.data.manifest import DatasetError, list_manifests, manifest_names
 from raylf.data.sources import SOURCES, load_source
+from raylf.errors import SpecError
+from raylf.schema import load_raw
 
 # where the data of each source without a manifest come from (the others are downloaded)
 _LOCAL_ORIGINS = {
@@ -92,7 +94,7 @@ def client_table(fed, y: np.ndarray) -> list[dict[str, Any]]:
 
 def print_table(spec, rows: list[dict[str, Any]], note: str | None, normalization=None) -> None:
     print(f"dataset {spec.dataset.name}  scenario {spec.scenario.name} "
-          f"{spec.scenario.params.model_dump(exclude={'test_fraction', 'val_fraction'})}  "
+          f"{spec.scenario_params.model_dump(exclude={'test_fraction', 'val_fraction'})}  "
           f"clients {len(rows)}  seed {spec.seed}")
     if note:
         print(f"note: {note}")
@@ -153,10 +155,10 @@ def describe(args: argparse.Namespace) -> int:
             print(f"  {'':28s} note: {p['note']}")
         return 0
     spec = resolve(args.preset, args.spec, args.root, args.seed)
-    source = load_source(spec.dataset.name, spec.dataset.params)
+    source = load_source(spec.dataset.name, spec.dataset_params)
     if source.origin == STANDIN:
         print(standin.notice(spec.dataset.name,
-                             data_root(spec.dataset.params.root) / spec.dataset.name))
+                             data_root(spec.dataset_params.root) / spec.dataset.name))
     fed = build_federation(spec, source)
     rows = client_table(fed, source.y)
     note = presets.PRESETS[args.preset]["note"] if args.preset else None

@@ -134,7 +134,7 @@ def donor_swap_trial(root: str, trial_id: str, rank: int | None = None,
         return []
     config = trial_config(root, trial_id)
     spec = validate(config)
-    rank = rank or getattr(spec.method.hparams, "rank", 8)
+    rank = rank or getattr(spec.method_params, "rank", 8)
     scenario = ", ".join(f"{k}={v}" for k, v in sorted(config["scenario"].items())
                          if k != "name")
     setting = f"{spec.dataset.name} {spec.scenario.name}({scenario}) {spec.model.name}"

@@ -12,10 +12,9 @@ from typing import Any
 
 from raylf import learning_check, metrics, results
 from raylf.checkpoints import CheckpointFolders
-from raylf.config import ExperimentSpec
+from raylf.config import ResolvedSpec
 from raylf.data import build_federation
 from raylf.errors import SpecError
-from raylf.methods import METHODS
 from raylf.runtime import Blueprint, open_runtime
 from raylf.runtime.coordinator import RoundOutcome
 
@@ -53,14 +52,14 @@ class ExperimentResult:
         return self.tables["trials"][0]
 
 
-def default_trial_id(spec: ExperimentSpec) -> str:
+def default_trial_id(spec: ResolvedSpec) -> str:
     return f"{spec.name}-{spec.method.name}-s{spec.seed}-{spec.digest()}"
 
 
 RoundHook = Callable[[RoundOutcome, Any, Progress, Any], None]
 
 
-def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | None = None,
+def run_experiment(spec: ResolvedSpec, *, backend: str = "local", out: str | None = None,
                    trial_id: str | None = None, sweep: str = "", placement=None,
                    on_round: RoundHook | None = None, checkpoint_every: int | None = None,
                    checkpoint_min_s: float = 0.0, checkpoint_last: bool = True,
@@ -179,7 +178,7 @@ def run_environment(progress: Progress, digests: dict[str, str]) -> dict[str, An
             **digests}
 
 
-def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, status: str,
+def trial_row(spec: ResolvedSpec, trial_id: str, sweep: str, backend: str, status: str,
               error: str | None, diverged_round: int | None, progress: Progress,
               wall_s: float) -> dict[str, Any]:
     rounds = progress.rounds
@@ -190,9 +189,9 @@ def trial_row(spec: ExperimentSpec, trial_id: str, sweep: str, backend: str, sta
         "trial_id": trial_id, "sweep": sweep, "name": spec.name, "method": spec.method.name,
         "dataset": spec.dataset.name, "scenario": spec.scenario.name, "model": spec.model.name,
         "seed": spec.seed, "backend": backend, "status": status, "error": error,
-        "round_unit": METHODS.get(spec.method.name).round_unit,
-        "oracle": METHODS.get(spec.method.name).oracle,
-        "proposed_in": METHODS.get(spec.method.name).proposed_in,
+        "round_unit": spec.method_class.round_unit,
+        "oracle": spec.method_class.oracle,
+        "proposed_in": spec.method_class.proposed_in,
         "diverged_round": diverged_round, "rounds": len(rounds), "wall_s": wall_s,
         "bytes_up": sum(r["bytes_up"] for r in rounds),
         "bytes_down": sum(r["bytes_down"] for r in rounds),

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from raylf.config import ExperimentSpec
+from raylf.config import ResolvedSpec
 from raylf.errors import SpecError
 
 
@@ -25,7 +25,7 @@ class DataCheck:
         return sorted(name for name, origin in self.origins.items() if origin == "standin")
 
 
-def check_runnable(specs: list[ExperimentSpec], missing_ok: bool = False) -> DataCheck:
+def check_runnable(specs: list[ResolvedSpec], missing_ok: bool = False) -> DataCheck:
     """Build every spec's data and method once, before anything starts: a dataset that is not
     fetched, an unreadable file or a partition that leaves a client without data is reported
     like any other spec error (each dataset is loaded once, however many trials share it).
@@ -43,15 +43,15 @@ def check_runnable(specs: list[ExperimentSpec], missing_ok: bool = False) -> Dat
     missing: dict[str, str] = {}
     origins: dict[str, str] = {}
     for spec in specs:
-        key = json.dumps([spec.dataset.name, spec.dataset.params.model_dump(mode="json")])
+        key = json.dumps([spec.dataset.name, spec.dataset_params.model_dump(mode="json")])
         if key not in sources:
             try:
-                sources[key] = load_source(spec.dataset.name, spec.dataset.params)
+                sources[key] = load_source(spec.dataset.name, spec.dataset_params)
                 origins[spec.dataset.name] = getattr(sources[key], "origin", "unknown")
             except DatasetMissing as err:
                 sources[key] = None
                 if missing_ok:
-                    missing[spec.dataset.name] = str(data_root(getattr(spec.dataset.params,
+                    missing[spec.dataset.name] = str(data_root(getattr(spec.dataset_params,
                                                                        "root", None)))
                 else:
                     problems.append(_dataset_problem(spec, err))
@@ -84,7 +84,7 @@ def check_runnable(specs: list[ExperimentSpec], missing_ok: bool = False) -> Dat
     return DataCheck(missing, origins)
 
 
-def _dataset_problem(spec: ExperimentSpec, err: Exception) -> tuple[str, str]:
+def _dataset_problem(spec: ResolvedSpec, err: Exception) -> tuple[str, str]:
     """(field, message): a source's own errors may already start with the field they are about."""
     field, sep, rest = str(err).partition(": ")
     if sep and field == "dataset.path":

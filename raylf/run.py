@@ -11,7 +11,8 @@ import argparse
 import os
 import sys
 
-from raylf.config import ExperimentSpec, SpecError, load_spec
+from raylf.config import ResolvedSpec, load_spec
+from raylf.errors import SpecError
 from raylf.runtime import BACKENDS
 
 EXIT_FAILED, EXIT_SPEC, EXIT_DIVERGED = 1, 2, 3
@@ -32,7 +33,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def enforce_time_budget(spec: ExperimentSpec, progress) -> None:
+def enforce_time_budget(spec: ResolvedSpec, progress) -> None:
     """End the run as ``timeout`` once it has used ``resources.trial_timeout_s`` (a round hook:
     the budget is checked between rounds, each round being bounded by round_timeout_s)."""
     from raylf.experiment import RecordedStop
@@ -55,14 +56,14 @@ def progress_line(record: dict, rounds: int) -> str:
             f"{record['round_s']:.2f}s")
 
 
-def standin_notice(spec: ExperimentSpec) -> str:
+def standin_notice(spec: ResolvedSpec) -> str:
     """The line that says, before the first round and after the last, that this run reads a
     stand-in (raylf.data.standin), so its figures are never taken for the real dataset's."""
     from raylf.data.cache import data_root
     from raylf.data.standin import notice
 
     name = spec.dataset.name
-    return notice(name, data_root(getattr(spec.dataset.params, "root", None)) / name)
+    return notice(name, data_root(getattr(spec.dataset_params, "root", None)) / name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,16 +27,28 @@ from typing import Any
 
 import torch
 
-from raylf.config import ExperimentSpec, validate
+from raylf.config import ResolvedSpec, validate
 from raylf.data import build_federation
+from raylf.data.federation import ClientData
 from raylf.experiment import run_experiment
 from raylf.methods import METHODS, Method
+from raylf.methods.base import ClientRound, Deployment, Message, Personal
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
 from raylf.runtime.shard import Reduction, upload_bytes
+from raylf.training.sequential import LocalTrainer
 from raylf.tree import tensor_bytes
 
 TIMING = {"round_s", "wall_s", "trial_id", "worker_peak_mb"}  # measurements, not results
+
+
+def client_round(trainer: LocalTrainer, data: ClientData, *, rnd: int = 1, seed: int = 0,
+                 payload: dict[str, torch.Tensor] | None = None, personal: Personal = None,
+                 extra: Message = None) -> ClientRound:
+    """A client hook's argument built by hand, to call one hook of a method in a unit test:
+    ``method.local_update(client_round(trainer, data, payload={"model": w}))``."""
+    return ClientRound(rnd, data, seed, trainer, trainer.optimizer, payload or {}, personal,
+                       extra)
 
 
 def without_timing(rows: list[dict]) -> list[dict]:
@@ -44,7 +56,7 @@ def without_timing(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
-def run_local_as_a_ray_worker(spec: ExperimentSpec) -> dict:
+def run_local_as_a_ray_worker(spec: ResolvedSpec) -> dict:
     """The in-process reference run's tables with one torch thread, as a Ray worker of these
     specs has (its threads = its CPUs): the arithmetic the Ray backend must reproduce."""
     threads = torch.get_num_threads()
@@ -56,7 +68,7 @@ def run_local_as_a_ray_worker(spec: ExperimentSpec) -> dict:
 
 
 def contract_spec(name: str, params: dict[str, Any] | None = None, rounds: int = 4,
-                  **sections: dict[str, Any]) -> ExperimentSpec:
+                  **sections: dict[str, Any]) -> ResolvedSpec:
     """Six clients, mlp, half participation, a validation split (so both evaluation splits are
     scored); the data the method ``requires``: multi-task digits for ``tasks``, two rotated
     groups for ``groups``. Two workers, so uploads are reduced on more than one. ``sections``
@@ -86,7 +98,7 @@ def contract_spec(name: str, params: dict[str, Any] | None = None, rounds: int =
     return validate(spec)
 
 
-def _local_runtime(spec: ExperimentSpec) -> LocalRuntime:
+def _local_runtime(spec: ResolvedSpec) -> LocalRuntime:
     return LocalRuntime(Blueprint(spec, build_federation(spec)))
 
 
@@ -129,21 +141,43 @@ def params_have_valid_defaults(name: str, params: dict | None) -> None:
     METHODS.get(name).Params()
 
 
-def declared_evaluation_matches_evaluate(name: str, params: dict | None) -> None:
-    """``evaluation`` (how the runtime scores clients) agrees with the class: ``own`` exactly
-    when it overrides ``evaluate``. The runtime reads only the declaration, so an override under
-    ``shared`` or ``per_client`` would never run, and ``own`` without one gives up batched
-    evaluation for nothing."""
+def deploys_what_it_declares(name: str, params: dict | None) -> None:
+    """After a round, every client deploys models named in ``deployables`` (in their order),
+    with columns only for models it deploys, and under ``evaluation = "shared"`` every client
+    deploys the same models: the runtime scores a shared evaluation once for everyone, so a
+    per-client model declared shared would be scored as the first client's."""
     cls = METHODS.get(name)
-    overrides = cls.evaluate is not Method.evaluate
-    if overrides:
-        assert cls.evaluation == "own", \
-            f"it overrides evaluate but declares evaluation = {cls.evaluation!r}, so the " \
-            "runtime never calls that override; declare evaluation = 'own'"
-    else:
-        assert cls.evaluation != "own", \
-            "it declares evaluation = 'own' but inherits Method.evaluate; declare " \
-            "'per_client' (or 'shared'), or override evaluate"
+    runtime = _local_runtime(contract_spec(name, params, federation={"participation": 1.0}))
+    runtime.setup()
+    runtime.run_round(1)
+    deployed: dict[int, Deployment] = {}
+    for shard in runtime.coordinator.pool.shards:
+        deploy = shard.method.deploy
+
+        def recording(client, deploy=deploy):
+            deployed[client.cid] = deploy(client)
+            return deployed[client.cid]
+
+        shard.method.deploy = recording
+    if cls.evaluation == "shared":  # the runtime asks one client per worker: ask them all
+        for shard in runtime.coordinator.pool.shards:
+            shard.method.evaluation = "per_client"
+    runtime.coordinator.evaluate(1)
+    assert deployed, "no client deployed anything"
+    for cid, deployment in sorted(deployed.items()):
+        names = list(deployment.models)
+        assert names == [n for n in cls.deployables if n in names], \
+            f"client {cid} deploys {names}, not a subset of deployables {cls.deployables} " \
+            "in their order"
+        assert set(deployment.columns) <= set(names), \
+            f"client {cid} gives columns for {sorted(deployment.columns)} but deploys {names}"
+    if cls.evaluation == "shared":
+        first, *others = deployed.values()
+        for cid, deployment in sorted(deployed.items()):
+            assert deployment.models.keys() == first.models.keys() and all(
+                torch.equal(deployment.models[n], first.models[n]) for n in first.models), \
+                f"it declares evaluation = 'shared' but client {cid} deploys other models " \
+                f"than client {min(deployed)}; declare evaluation = 'per_client'"
 
 
 def same_seed_gives_identical_tables(name: str, params: dict | None) -> None:
@@ -162,25 +196,42 @@ def same_seed_gives_identical_tables(name: str, params: dict | None) -> None:
 
 def participants_upload_the_same_keys_and_bytes_count_what_was_sent(
         name: str, params: dict | None) -> None:
-    """In rounds 1 and 2: exactly the participants train, a collect phase hears from every
-    client, all participants upload the same keys, bytes up are what the clients sent and
-    bytes down at least the broadcast to each participant."""
+    """In rounds 1 and 2: exactly the participants train, each later phase hears from exactly
+    the clients it asks (every client unless its ``answering`` selects), all participants
+    upload the same keys, bytes up are what the clients sent and bytes down at least the
+    broadcast to each participant."""
     runtime = _local_runtime(contract_spec(name, params))
     coordinator = runtime.coordinator
     everyone = list(range(coordinator.federation.num_clients))
+    asked: list[int] = []
+    answer = coordinator.pool.answer
+
+    def recording(number, rnd, payload, work, extras):
+        phase = coordinator.method.phases()[number - 1]
+        chosen = everyone if phase.answering is None else \
+            sorted(int(c) for c in phase.answering(coordinator.state, rnd))
+        sent_to = sorted(int(c) for ids in work.values() for c in ids)
+        assert sent_to == chosen, \
+            f"round {rnd}: phase {phase.name!r} asked {sent_to}, its answering selects {chosen}"
+        asked.extend(chosen)
+        return answer(number, rnd, payload, work, extras)
+
+    coordinator.pool.answer = recording
     with _recorded_uploads() as sent:
         for rnd in (1, 2):
             sent.clear()
+            asked.clear()
             payload = coordinator.method.broadcast(coordinator.state, rnd)
             outcome = runtime.run_round(rnd)
             participants = outcome.record["participant_ids"]
-            trained = sent[: len(participants)]  # then, if the round collects, every report
-            reports = sent[len(participants):]
+            trained = sent[: len(participants)]  # then the answers of each later phase
+            answers = sent[len(participants):]
             assert sorted(c for c, _ in trained) == participants, \
                 f"round {rnd}: uploads came from {sorted(c for c, _ in trained)}, " \
                 f"not the participants {participants}"
-            assert reports == [] or sorted(c for c, _ in reports) == everyone, \
-                f"round {rnd}: reports came from {sorted(c for c, _ in reports)}, not everyone"
+            assert sorted(c for c, _ in answers) == sorted(asked), \
+                f"round {rnd}: answers came from {sorted(c for c, _ in answers)}, the phases " \
+                f"asked {sorted(asked)}"
             keys = {tuple(sorted(u)) for _, u in trained}
             assert len(keys) == 1, f"round {rnd}: participants uploaded different keys {keys}"
             counted, uploaded = outcome.record["bytes_up"], sum(upload_bytes(u) for _, u in sent)
@@ -308,7 +359,7 @@ def ray_backend_gives_identical_client_results(name: str, params: dict | None) -
 Check = Callable[[str, dict | None], None]
 CHECKS: dict[str, Check] = {check.__name__: check for check in (
     params_have_valid_defaults,
-    declared_evaluation_matches_evaluate,
+    deploys_what_it_declares,
     same_seed_gives_identical_tables,
     participants_upload_the_same_keys_and_bytes_count_what_was_sent,
     checkpoint_and_restore_equals_an_uninterrupted_run,

@@ -13,7 +13,8 @@ import pytest  # noqa: E402
 # the contract checks' plain asserts explain themselves in this suite as a test's own do
 pytest.register_assert_rewrite("raylf.testing")
 
-from raylf.config import set_path, validate  # noqa: E402
+from raylf.config import validate  # noqa: E402
+from raylf.schema import set_path  # noqa: E402
 
 
 def pytest_collection_modifyitems(items):

@@ -318,6 +318,6 @@ def test_yaml_1_1_words_mean_what_the_user_wrote(tmp_path):
     assert load_spec(path, ["resources.cohort=auto"]).resources.cohort == "auto"
     assert load_spec(path, ["resources.cohort=off"]).resources.cohort == "off"
     fedsoft = load_spec(path, ["method.name=fedsoft", "method.params.selection=no"])
-    assert fedsoft.method.hparams.selection is False
+    assert fedsoft.method_params.selection is False
     with pytest.raises(SpecError, match="resources.cohort"):
         load_spec(path, ["resources.cohort=true"])

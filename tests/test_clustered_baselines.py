@@ -27,6 +27,8 @@ from raylf.methods.pacfl import (
     principal_distances,
 )
 from raylf.models import SplitModel
+from raylf.schema import OptimizerSpec
+from raylf.testing import client_round
 from raylf.training.layout import ParamLayout, model_vector
 from raylf.training.sequential import LocalTrainer
 
@@ -36,7 +38,7 @@ def tiny_trainer(inputs=2, classes=2, hidden=None, batch_size=4):
     encoder = nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU()) if hidden else nn.Identity()
     model = SplitModel(encoder, nn.Linear(hidden or inputs, classes))
     layout = ParamLayout.of(model)
-    opt = SimpleNamespace(lr=0.1, momentum=0.0, weight_decay=0.0, grad_clip=None)
+    opt = OptimizerSpec(lr=0.1)
     init = model_vector(model, layout)
     return LocalTrainer(model, layout, opt, batch_size, 1, torch.device("cpu")), init
 
@@ -82,12 +84,14 @@ def test_ifca_client_joins_the_fitting_model_and_shares_in_its_group():
     models = torch.stack([init, init.flip(0), good, -good])
     method = IFCA(IFCAParams(clusters=4, loss_samples=8), context(trainer))
     x, y = separable()
-    update = method.local_update(trainer, {"models": models}, None, client(x, y), 1, None,
-                                 rnd=1)
+    update = method.local_update(client_round(trainer, client(x, y), seed=1,
+                                              payload={"models": models}))
     share = update.upload["model"]
     assert isinstance(share, Share) and share.weights == {2: 16.0}
-    rows = method.evaluate(trainer, {"models": models}, None, client(x, y), None, rnd=1, seed=0)
-    assert rows[0]["cluster"] == 2 and rows[0]["accuracy"] == 1.0
+    deployed = method.deploy(client_round(trainer, client(x, y), payload={"models": models}))
+    assert deployed.columns == {"main": {"cluster": 2}}
+    trainer.load(deployed.models["main"])
+    assert method.scores(trainer.predict(x), y)[0]["accuracy"] == 1.0
 
 
 # ---- PACFL -------------------------------------------------------------------------------------
@@ -202,8 +206,8 @@ def test_fedala_first_round_skips_ala_and_the_start_phase_runs_once():
     data = client(x, y)
     start, after = method.adapt(trainer, init, personal, data, seed=1)
     assert torch.equal(start, init) and after["started"] is False
-    update = method.local_update(trainer, {"model": init + 0.5}, personal, data, 1, None,
-                                 rnd=1)
+    update = method.local_update(client_round(trainer, data, seed=1,
+                                              payload={"model": init + 0.5}, personal=personal))
     assert update.personal["started"] is True
     assert torch.equal(update.upload["model"], update.personal["model"])
 

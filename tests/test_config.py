@@ -56,8 +56,8 @@ def test_overrides_are_typed_like_yaml():
     spec = load_spec(EXAMPLE, ["federation.optimizer.lr=0.1", "model.hidden=[8, 4]",
                                "method.name=fedprox", "method.params.mu=0.5"])
     assert spec.federation.optimizer.lr == 0.1
-    assert spec.model.params.hidden == [8, 4]
-    assert spec.method.hparams.mu == 0.5
+    assert spec.model_params.hidden == [8, 4]
+    assert spec.method_params.mu == 0.5
 
 
 def test_structure_errors_come_before_component_errors():
@@ -123,6 +123,6 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_example_spec_is_valid_and_declares_gpu_shares():
     spec = load_spec(EXAMPLE)
     assert spec.federation.num_clients == 20
-    assert spec.scenario.name == "label_subset" and spec.scenario.params.k == 2
+    assert spec.scenario.name == "label_subset" and spec.scenario_params.k == 2
     assert spec.resources.workers == 4 and spec.resources.gpus_per_worker == 0.25
     assert yaml.safe_load(EXAMPLE.read_text())["method"]["name"] == "fedavg_se"

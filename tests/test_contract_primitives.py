@@ -18,15 +18,16 @@ from torch import nn
 
 from raylf import learning_check, results
 from raylf.checkpoints import CheckpointFolders
-from raylf.config import OptimizerSpec, SpecError, validate
+from raylf.config import SpecError, validate
 from raylf.data import build_federation
 from raylf.experiment import run_experiment
 from raylf.methods import METHODS
-from raylf.methods.base import ClientUpdate, share
+from raylf.methods.base import ClientUpdate, Deployment, Phase, share
 from raylf.methods.fedavg_se import FedAvgSE
 from raylf.models import MODELS, build_model
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
+from raylf.schema import OptimizerSpec
 from raylf.storage import STAGING
 from raylf.training.layout import ParamLayout, model_vector
 from raylf.training.rewrites import pool_before_rectifying
@@ -71,17 +72,18 @@ class TwoGroups(FedAvgSE):
             encoders[group] = uploads.mean("encoder", group)
         return {"encoders": encoders, "last": uploads}, {}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
-        trainer.load(payload["encoders"][data.cid % 2], "encoder")
-        trainer.load(personal, "head")
-        trainer.fit(data.x_train, data.y_train, seed=seed)
+    def local_update(self, client):
+        trainer, data = client.trainer, client.data
+        trainer.load(client.payload["encoders"][data.cid % 2], "encoder")
+        trainer.load(client.personal, "head")
+        trainer.fit(data.x_train, data.y_train, seed=client.seed)
         upload = {"encoder": share(trainer.vector("encoder"), data.n_train, data.cid % 2)}
         if data.cid % 2:
             upload["tag"] = torch.full((3,), float(data.cid))
         return ClientUpdate(upload, trainer.vector("head"))
 
-    def deployable(self, payload, personal, extra):
-        return torch.cat([payload["encoders"][0], personal])
+    def deploy(self, client):
+        return Deployment({"main": torch.cat([client.payload["encoders"][0], client.personal])})
 
 
 def test_workers_send_one_sum_per_group_and_means_count_only_senders(toy):
@@ -120,8 +122,9 @@ class Histograms(FedAvgSE):
 
     name = "toy_histograms"
 
-    def setup(self, trainer, data, seed):
-        return {"labels": torch.bincount(data.y_train, minlength=self.ctx.num_classes).float()}
+    def setup(self, client):
+        return {"labels": torch.bincount(client.data.y_train,
+                                         minlength=self.ctx.num_classes).float()}
 
     def server_setup(self, state, uploads):
         return state | {"histograms": uploads.tensors["labels"]}
@@ -150,13 +153,14 @@ class Refresh(FedAvgSE):
 
     name = "toy_refresh"
 
-    def collect(self, state, rnd):
-        return {} if rnd % 2 == 0 else None
+    def phases(self):
+        return (Phase("refresh", request=lambda state, rnd: {} if rnd % 2 == 0 else None,
+                      answer=self.norm, receive=self.mean_norm),)
 
-    def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
-        return ClientUpdate({"norm": share(personal.norm()[None], 1.0)}, personal)
+    def norm(self, client):
+        return ClientUpdate({"norm": share(client.personal.norm()[None], 1.0)}, client.personal)
 
-    def receive_reports(self, state, uploads, rnd):
+    def mean_norm(self, state, uploads, rnd):
         return state | {"mean_norm": uploads.mean("norm")}, {"reports": uploads.weight("norm")}
 
 
@@ -184,10 +188,11 @@ class TwoFits(FedAvgSE):
 
     name = "toy_two_fits"
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
-        update = super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
-        trainer.fit(data.x_train, data.y_train, seed=seed, epochs=1,
-                    loss_fn=lambda out, y: F.cross_entropy(out, y) * 1e9)
+    def local_update(self, client):
+        update = super().local_update(client)
+        data = client.data
+        client.trainer.fit(data.x_train, data.y_train, seed=client.seed, epochs=1,
+                           loss_fn=lambda out, y: F.cross_entropy(out, y) * 1e9)
         return update
 
 

@@ -20,6 +20,7 @@ from raylf.runtime import Blueprint
 from raylf.runtime.coordinator import balance
 from raylf.runtime.local import LocalRuntime
 from raylf.runtime.shard import ClientShard
+from raylf.testing import client_round
 from raylf.tree import tensor_bytes
 from tests.conftest import small_spec_dict
 from tests.test_config import EXAMPLE
@@ -115,8 +116,8 @@ def test_fedprox_with_mu_zero_equals_fedavg_and_mu_pulls_towards_anchor():
 
     def update(method_name, mu):
         b = _blueprint(method_name, method__params={"mu": mu} if mu is not None else {})
-        up = b.method().local_update(b.trainer(torch.device("cpu")), {"model": init}, None,
-                                     data, seed=7, extra=None, rnd=1)
+        up = b.method().local_update(client_round(b.trainer(torch.device("cpu")), data,
+                                                  seed=7, payload={"model": init}))
         return up.upload["model"]
 
     plain = update("fedavg", None)
@@ -133,8 +134,8 @@ def test_fedavg_se_uploads_only_the_encoder_and_keeps_its_head():
     assert head.numel() == layout.part_size("head")
     data = bp.federation.shard(np.array([0]), torch.device("cpu")).client(0)
     payload = method.broadcast(method.server_init(init), 1)
-    up = method.local_update(bp.trainer(torch.device("cpu")), payload, head, data, 1, None,
-                             rnd=1)
+    up = method.local_update(client_round(bp.trainer(torch.device("cpu")), data, seed=1,
+                                          payload=payload, personal=head))
     assert set(up.upload) == {"encoder"}
     assert up.upload["encoder"].numel() == layout.part_size("encoder")
     assert tensor_bytes(up.upload) == layout.part_size("encoder") * 4

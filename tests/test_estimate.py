@@ -28,23 +28,23 @@ def test_a_budget_shares_timing_trials_by_the_finest_key_that_fits(budget, timed
     of 18 shares a timing trial between scenarios only, one of 9 between datasets too; every
     configuration is costed by a timing trial of its own method, model and federation."""
     trials = main_trials()
-    plan = estimate.plan(trials, budget=budget, standins=False)
-    assert len(plan.trials) == timed and len(plan.timed) == 70
-    assert len(plan.borrowed) == 70 - timed
-    by_id = {t.trial_id: t.spec for t in plan.trials}
+    run = estimate.timing_run(trials, budget=budget, standins=False)
+    assert len(run.trials) == timed and len(run.timed) == 70
+    assert len(run.borrowed) == 70 - timed
+    by_id = {t.trial_id: t.spec for t in run.trials}
     for trial in trials:
-        timing = by_id[plan.timed[configuration(trial.spec)]]
+        timing = by_id[run.timed[configuration(trial.spec)]]
         assert (timing.method, timing.model, timing.resources) == \
             (trial.spec.method, trial.spec.model, trial.spec.resources)
         assert timing.federation.rounds == 5  # a tenth of 50
         if timed == 18:
             assert timing.dataset == trial.spec.dataset
-    assert bool(plan.borrowed) == any("marked ~" in note for note in plan.notes)
+    assert bool(run.borrowed) == any("marked ~" in note for note in run.notes)
 
 
 def test_a_budget_below_the_methods_is_refused():
     with pytest.raises(SpecError, match="--estimate-budget: 8 timing trial.*give at least 9"):
-        estimate.plan(main_trials(), budget=8, standins=False)
+        estimate.timing_run(main_trials(), budget=8, standins=False)
 
 
 def test_device_hours_count_what_a_trial_holds_its_bundles():
@@ -66,12 +66,12 @@ def test_the_estimate_times_stand_ins_of_the_real_size(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     written = []
     monkeypatch.setattr(standin, "write", lambda name, root, size: written.append((name, size)))
-    plan = estimate.plan(main_trials(), budget=9)
+    run = estimate.timing_run(main_trials(), budget=9)
     assert set(written) == {("cifar10", "full")}  # (the fake writes nothing: asked each time)
-    spec = plan.trials[0].spec
-    assert spec.dataset.params.root == str(standin.standin_root() / "full")
-    assert "standin" in spec.model.params.weights
-    assert any(note.startswith("cifar10 is not fetched") for note in plan.notes)
+    spec = run.trials[0].spec
+    assert spec.dataset_params.root == str(standin.standin_root() / "full")
+    assert "standin" in spec.model_params.weights
+    assert any(note.startswith("cifar10 is not fetched") for note in run.notes)
     assert standin.SIZES["full"].per_class["cifar10"] == (5000, 1000)  # CIFAR-10's own counts
 
 

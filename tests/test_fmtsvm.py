@@ -23,7 +23,7 @@ from raylf.methods.fmtsvm import (
     task_covariance,
 )
 from raylf.methods.multitask import SOFTMAX, SVM, TaskLoss, auc, binary_hinge, multiclass_hinge
-from raylf.privacy import DPParams, clip, composed_epsilon, gaussian_sigma, privatize
+from raylf.methods.privacy import DPParams, clip, composed_epsilon, gaussian_sigma, privatize
 from raylf.runtime.blueprint import Blueprint
 
 EXAMPLE = "tune/examples/digits_multitask_fmtsvm.yaml"
@@ -97,7 +97,7 @@ def test_model_head_width_per_method(method, width, encoder_params, last):
     spec = example(f"method.name={method}")
     model = Blueprint(spec, build_federation(spec)).build_model()
     assert model.head.out_features == width
-    pixels = spec.dataset.params.size ** 2
+    pixels = spec.dataset_params.size ** 2
     assert model.head.in_features == (128 if encoder_params else pixels)  # raw pixels
     assert any(True for _ in model.encoder.parameters()) == encoder_params
     # the validated defaults: FMT-SVM's linear features (eq. 7), FedPureCNN's ReLU

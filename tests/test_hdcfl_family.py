@@ -136,10 +136,10 @@ def test_clustered_oracle_is_fedavg_inside_each_true_group():
     init = coordinator.state["models"].clone()
     trained = {}  # client → (trained vector, n_k, the model it started from)
     for shard in coordinator.pool.shards:
-        def spy(payload, personal, data, extra, *, rnd, _real=shard.method.plan):
-            plan = _real(payload, personal, data, extra, rnd=rnd)
+        def spy(client, _real=shard.method.plan):
+            plan = _real(client)
 
-            def finish(vector, _inner=plan.finish, _cid=data.cid, _n=data.n_train,
+            def finish(vector, _inner=plan.finish, _cid=client.cid, _n=client.data.n_train,
                        _start=plan.start):
                 trained[_cid] = (vector.clone(), _n, _start.clone())
                 return _inner(vector)

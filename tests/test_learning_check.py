@@ -8,7 +8,6 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from raylf.config import OptimizerSpec
 from raylf.data.federation import Split
 from raylf.experiment import run_experiment
 from raylf.learning_check import (
@@ -19,6 +18,7 @@ from raylf.learning_check import (
     not_learning,
 )
 from raylf.models import MODELS, build_model
+from raylf.schema import OptimizerSpec
 from raylf.training.cohort import CohortTrainer
 from raylf.training.layout import ParamLayout
 from raylf.training.sequential import LocalTrainer

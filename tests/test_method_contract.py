@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from pydantic import Field
 
 from raylf import plugins
 from raylf.methods import METHODS, MethodParams
-from raylf.methods.base import Method
+from raylf.methods.base import Deployment, Method
 from raylf.methods.fedavg import FedAvg
+from raylf.methods.fedavg_se import FedAvgSE
 from raylf.runtime.ray_backend import warm_actors
 from raylf.testing import IN_PROCESS, check_method
 
@@ -76,34 +78,34 @@ class Leaky(FedAvg):
     Params = NoDefaultsParams
     calls = itertools.count()
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        plan = super().plan(payload, personal, data, extra, rnd=rnd)
+    def plan(self, client):
+        plan = super().plan(client)
         return replace(plan, start=plan.start + 1e-3 * next(self.calls))
 
 
-class ScoresItsOwnWay(FedAvg):
-    """Overrides ``evaluate`` but keeps FedAvg's ``shared`` evaluation: never called."""
+class SharesPersonalHeads(FedAvgSE):
+    """Declares ``shared`` evaluation while each client deploys its own head."""
 
-    name = "toy_scores_its_own_way"
-
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        return []
+    name = "toy_shares_personal_heads"
+    evaluation = "shared"
 
 
-class ClaimsItsOwnWay(FedAvg):
-    """Declares ``own`` evaluation without an ``evaluate`` of its own."""
+class DeploysUndeclared(FedAvg):
+    """Deploys a model under a name its ``deployables`` do not list."""
 
-    name = "toy_claims_its_own_way"
-    evaluation = "own"
+    name = "toy_deploys_undeclared"
+
+    def deploy(self, client):
+        return Deployment({"unlisted": client.payload["model"]})
 
 
 @pytest.mark.parametrize("method, words", [
-    (ScoresItsOwnWay, "overrides evaluate but declares evaluation = 'shared'"),
-    (ClaimsItsOwnWay, "declares evaluation = 'own' but inherits Method.evaluate"),
+    (SharesPersonalHeads, "declares evaluation = 'shared' but client 1 deploys other models"),
+    (DeploysUndeclared, "deploys ['unlisted'], not a subset of deployables ('main',)"),
 ])
-def test_check_method_refuses_an_evaluation_declaration_its_class_contradicts(method, words):
-    with pytest.raises(AssertionError, match="declared_evaluation_matches_evaluate") as failed:
-        check_method(method, checks=["declared_evaluation_matches_evaluate"])
+def test_check_method_refuses_a_deployment_its_declarations_contradict(method, words):
+    with pytest.raises(AssertionError, match="deploys_what_it_declares") as failed:
+        check_method(method, checks=["deploys_what_it_declares"])
     assert words in str(failed.value)
 
 
@@ -121,3 +123,28 @@ def test_check_method_names_the_method_and_every_check_it_fails():
     assert "toy_leaky" not in METHODS  # registered for the checks only
     with pytest.raises(ValueError, match="unknown checks"):
         check_method("fedavg", checks=["no_such_check"])
+
+
+def test_a_method_whose_loss_needs_features_is_a_plan_and_passes_check_method(monkeypatch):
+    """MOON's contrastive term between the features and those of the global and the previous
+    local model, written as a ``FitPlan`` loss term with two reference models
+    (tests/plugins/objectives.py): every in-process check passes, cohort training landing
+    where one client at a time does among them."""
+    monkeypatch.setenv(plugins.ENV_VAR, "tests.plugins.objectives")
+    plugins.load_plugins()
+    assert "cohort_training_equals_the_sequential_path" in IN_PROCESS
+    check_method("contrastive")
+
+
+def test_the_worked_example_of_the_contract_page_passes_check_method(monkeypatch):
+    """docs/method-contract.md's worked example, run exactly as the page writes it: a personal
+    model whose loss distils the global model's outputs, declared as a plan, passes every
+    in-process check, cohort equality included."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "method-contract.md").read_text()
+    example = page.split("## Worked example", 1)[1].split("```python\n", 1)[1].split("```")[0]
+    monkeypatch.setattr(METHODS, "_items", dict(METHODS._items))  # registered for this test
+    namespace: dict = {}
+    exec(compile(example, "docs/method-contract.md", "exec"), namespace)  # noqa: S102
+    method = namespace["DistilledPersonal"]
+    assert method.plan is not Method.plan and method.local_update is Method.local_update
+    check_method(method)

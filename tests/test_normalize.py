@@ -124,10 +124,10 @@ def test_normalize_that_does_not_apply_is_refused(dataset, field, message) -> No
 
 
 def test_defaults_per_kind_of_input() -> None:
-    assert _spec({"name": "digits"}).dataset.params.normalize == "standard"
-    assert _spec({"name": "digits28", "n_samples": 100}).dataset.params.normalize == "standard"
-    assert _spec({"name": "synthetic"}).dataset.params.normalize == "none"
-    assert _spec({"name": "shakespeare"}).dataset.params.normalize == "none"
+    assert _spec({"name": "digits"}).dataset_params.normalize == "standard"
+    assert _spec({"name": "digits28", "n_samples": 100}).dataset_params.normalize == "standard"
+    assert _spec({"name": "synthetic"}).dataset_params.normalize == "none"
+    assert _spec({"name": "shakespeare"}).dataset_params.normalize == "none"
     fed = build_federation(_spec({"name": "synthetic", "n_samples": 400}))
     assert fed.normalization.mode == "none" and fed.normalization.mean is None
 

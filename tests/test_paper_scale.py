@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from raylf import results
-from raylf.recipes import cluster_recipe
 from raylf.sweep import smoke as smoke_module
-from raylf.sweep.spec import load_sweep, search_plans
+from raylf.sweep.recipes import cluster_recipe
+from raylf.sweep.spec import load_sweep, searched_methods
 from tests.test_sweep import ROOT, env, run_sweep
 
 SHIPPED = sorted((ROOT / "tune").glob("*.yaml"))
@@ -76,7 +76,7 @@ def test_smoke_keeps_the_code_and_shrinks_the_work():
     assert (small.model, small.method, small.scenario.name, small.seed) == \
         (spec.model, spec.method, spec.scenario.name, spec.seed)
     assert small.resources.workers == 2 and small.resources.cpus_per_worker == 0.25
-    assert small.dataset.params.root == "/somewhere"
+    assert small.dataset_params.root == "/somewhere"
 
 
 def smoke(tmp_path, specs):
@@ -93,7 +93,7 @@ HEAVY = {"resnet18", "mobilenet_v2", "vgg16_cifar"}
 
 def spec_models(path) -> set[str]:
     sweep, found = load_sweep(path)
-    found += search_plans(sweep, path.parent, str(path))[1] if sweep.searched else []
+    found += searched_methods(sweep, path.parent, str(path))[1] if sweep.searched else []
     return {t.spec.model.name for t in found}
 
 
@@ -106,7 +106,7 @@ def smoke_every_path(tmp_path, specs, downloaded: tuple[str, ...]):
     paths = set()
     for path in specs:
         sweep, found = load_sweep(path)
-        found += search_plans(sweep, path.parent, str(path))[1] if sweep.searched else []
+        found += searched_methods(sweep, path.parent, str(path))[1] if sweep.searched else []
         paths |= {smoke_module.code_path(t.spec) for t in found}
     proc = smoke(tmp_path, specs)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -7,14 +7,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from raylf.privacy import (
+from raylf.methods.privacy import (
     DPParams,
     achieved_epsilon,
     clip,
     composed_epsilon,
     gaussian_sigma,
     privatize,
-    round_report,
+    round_accounting,
 )
 
 DELTA = 1e-5
@@ -53,7 +53,7 @@ def test_smaller_epsilon_needs_more_noise():
 @pytest.mark.parametrize("calibration", ["analytic", "paper"])
 def test_composed_epsilon_is_the_achieved_epsilon_for_one_round_and_then_grows(calibration):
     dp = DPParams(epsilon=1.0, calibration=calibration)
-    eps = [round_report(dp, r)["dp_epsilon_composed"] for r in (1, 2, 10, 20)]
+    eps = [round_accounting(dp, r)["dp_epsilon_composed"] for r in (1, 2, 10, 20)]
     assert all(a < b for a, b in zip(eps, eps[1:]))
     # PLD (discretised, pessimistic) agrees with the exact one-shot ε up to its tolerance
     achieved = achieved_epsilon(dp.noise_multiplier, dp.delta)
@@ -63,8 +63,8 @@ def test_composed_epsilon_is_the_achieved_epsilon_for_one_round_and_then_grows(c
     assert eps[0] < eps[-1] < 20 * achieved
 
 
-def test_round_report_columns():
-    report = round_report(DPParams(epsilon=1.0, clip_norm=0.5, calibration="paper"), rounds=3)
+def test_round_accounting_columns():
+    report = round_accounting(DPParams(epsilon=1.0, clip_norm=0.5, calibration="paper"), rounds=3)
     assert set(report) == {"dp_epsilon_round", "dp_delta", "dp_sigma", "dp_sensitivity",
                            "dp_epsilon_achieved", "dp_epsilon_composed"}
     assert report["dp_epsilon_round"] == 1.0 and report["dp_delta"] == DELTA
@@ -77,7 +77,7 @@ def test_round_report_columns():
 def test_composed_epsilon_uses_the_noise_multiplier_at_true_sensitivity():
     dp = DPParams(epsilon=1.0, calibration="paper")
     at_true = composed_epsilon(dp.sigma / 2.0, DELTA, 5)
-    assert round_report(dp, 5)["dp_epsilon_composed"] == at_true
+    assert round_accounting(dp, 5)["dp_epsilon_composed"] == at_true
     assert at_true > composed_epsilon(dp.sigma, DELTA, 5)  # the old, optimistic figure
 
 

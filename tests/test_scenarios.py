@@ -109,7 +109,7 @@ def test_label_permutation_per_cluster_and_applied_in_the_shard() -> None:
     fed = build_federation(spec)
     from raylf.data.sources import load_source
 
-    true_y = load_source("digits", spec.dataset.params).y
+    true_y = load_source("digits", spec.dataset_params).y
     shard = fed.shard(np.array([1, 4]), torch.device("cpu"))
     expect = np.concatenate([fed.label_maps[c][true_y[fed.train[c]]] for c in (1, 4)])
     assert np.array_equal(shard.train.y.numpy(), expect)
@@ -181,9 +181,9 @@ def test_preset_merges_under_the_spec_and_unknown_is_refused() -> None:
                      "federation": {"rounds": 3, "num_clients": 8},
                      "scenario": {"name": "dirichlet", "alpha": 0.1}})
     assert spec.dataset.name == "cifar10" and spec.model.name == "resnet18"
-    assert spec.federation.num_clients == 8 and spec.scenario.params.alpha == 0.1
+    assert spec.federation.num_clients == 8 and spec.scenario_params.alpha == 0.1
     same = validate({"preset": "hdcfl-c10-rot", "method": {"name": "fedavg"},
                      "federation": {"rounds": 3}, "scenario": {"groups": 2}})
-    assert same.scenario.name == "rotation" and same.scenario.params.groups == 2
+    assert same.scenario.name == "rotation" and same.scenario_params.groups == 2
     with pytest.raises(SpecError, match=r"preset: unknown preset 'c10'; allowed: .*hdcfl-c10-ls2"):
         validate({"preset": "c10", "method": {"name": "fedavg"}})

@@ -23,7 +23,7 @@ from raylf.sweep.search import (
     stop_mark,
     write_choices,
 )
-from raylf.sweep.spec import SweepSpec, expand, search_plans
+from raylf.sweep.spec import SweepSpec, expand, searched_methods
 from raylf.sweep.stages import GridStage
 from tests.faults.helpers import attempts, complete_trials, kill_group, start_sweep, wait_for
 from tests.test_sweep import run_sweep
@@ -140,12 +140,12 @@ def test_a_grid_over_mappings_reaches_tune_as_json_that_tune_accepts():
 
 def _stage(tmp_path: Path, search: dict, search_seeds=(0, 1)) -> SearchStage:
     sweep = SweepSpec.model_validate(sweep_dict(search, search_seeds=list(search_seeds)))
-    (plan,), _ = search_plans(sweep)
-    return SearchStage(plan, "s", str(tmp_path))
+    (searched,), _ = searched_methods(sweep)
+    return SearchStage(searched, "s", str(tmp_path))
 
 
 def _record(stage: SearchStage, trial, status: str, values: dict, last_round: int) -> None:
-    row = {"trial_id": trial.trial_id, "status": status, "search": stage.plan.key, **values}
+    row = {"trial_id": trial.trial_id, "status": status, "search": stage.searched.key, **values}
     meta = results.provenance({})
     results.write_table(stage.root, "rounds", trial.trial_id, results.to_table(
         [{"trial_id": trial.trial_id, "round": r} for r in range(1, last_round + 1)], meta))
@@ -163,7 +163,7 @@ def test_choose_ranks_points_by_mean_over_search_seeds_never_a_stopped_one(tmp_p
               0.04: [("ok", 0.9), ("diverged", None)]}
     trials = []
     for lr, outcomes in scores.items():
-        for seed, (status, value) in zip(stage.plan.seeds, outcomes):
+        for seed, (status, value) in zip(stage.searched.seeds, outcomes):
             trial = stage.trial({"federation.optimizer.lr": lr, "seed": seed})
             _record(stage, trial, status, {"val_eval_loss": value}, 1 if status == "stopped" else 3)
             trials.append(trial)

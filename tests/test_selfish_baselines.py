@@ -17,6 +17,7 @@ from raylf.methods.fedamp import FedAMP, FedAMPParams, attention_weights, square
 from raylf.methods.feddisco import disco_weights, kl_to_uniform
 from raylf.models import MODELS, SplitModel, build_model
 from raylf.runtime.blueprint import Blueprint
+from raylf.testing import client_round
 from raylf.training.layout import ParamLayout
 from tests.conftest import small_spec_dict
 
@@ -140,8 +141,9 @@ def test_ditto_personal_model_moves_towards_the_global_one_as_lambda_grows():
     distances = []
     for lam in (0.0, 1.0, 10.0):
         method = Ditto(DittoParams(lam=lam), blueprint.context())
-        update = method.local_update(trainer, {"model": anchor}, start.clone(), data, 5, None,
-                                     rnd=1)
+        update = method.local_update(client_round(trainer, data, seed=5,
+                                                  payload={"model": anchor},
+                                                  personal=start.clone()))
         distances.append(float((update.personal - anchor).norm()))
     assert distances[0] > distances[1] > distances[2]
 

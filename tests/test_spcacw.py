@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from raylf.config import OptimizerSpec, SpecError, validate
+from raylf.config import SpecError, validate
 from raylf.experiment import run_experiment
 from raylf.methods.base import MethodContext, Uploads
 from raylf.methods.perstep import epoch_batch
@@ -24,6 +24,7 @@ from raylf.methods.spcacw import (
     trace_variance,
 )
 from raylf.models import SplitModel
+from raylf.schema import OptimizerSpec
 from raylf.training.layout import ParamLayout, model_vector
 from raylf.training.sequential import LocalTrainer
 from tests.conftest import small_spec_dict

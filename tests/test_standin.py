@@ -101,7 +101,7 @@ def test_shakespeare_standin_parses_into_roles_for_the_natural_scenario(root: Pa
                      "scenario": {"name": "natural", "roles_per_client": 2, "min_samples": 100},
                      "model": {"name": "mlp"}, "method": {"name": "fedavg"},
                      "federation": {"num_clients": 4, "rounds": 1}})
-    source = load_source("shakespeare", spec.dataset.params)
+    source = load_source("shakespeare", spec.dataset_params)
     assert source.input_shape == (50,) and source.num_classes == 80
     assert source.origin == "standin" and len(np.unique(source.owners)) == 154
     text = (root / "shakespeare" / "1994-01-100" / "100.txt").read_text()
@@ -122,9 +122,9 @@ def test_every_paper_preset_builds_its_federation_on_the_standins(root: Path) ->
     sources = {}
     for name in presets.names():
         spec = resolve(name, None, str(root), None)
-        key = (spec.dataset.name, json.dumps(spec.dataset.params.model_dump()))
+        key = (spec.dataset.name, json.dumps(spec.dataset_params.model_dump()))
         if key not in sources:
-            sources[key] = load_source(spec.dataset.name, spec.dataset.params)
+            sources[key] = load_source(spec.dataset.name, spec.dataset_params)
         fed = build_federation(spec, sources[key])
         assert fed.origin == "standin", name
         assert fed.num_clients == presets.PRESETS[name]["federation"]["num_clients"], name

@@ -81,27 +81,27 @@ class Federation:
 
 def build_federation(spec, source: SourceData | None = None) -> Federation:
     """Partition the spec's dataset into ``federation.num_clients`` clients (seeded)."""
-    source = source or load_source(spec.dataset.name, spec.dataset.params)
+    source = source or load_source(spec.dataset.name, spec.dataset_params)
     try:
         check_compatible(spec.scenario.name, spec.dataset.name, source)
     except Incompatible as err:
         raise SpecError([("scenario.name", str(err))]) from None
     num_clients = spec.federation.num_clients
-    part = make_partition(spec.scenario.name, spec.scenario.params, source, num_clients,
+    part = make_partition(spec.scenario.name, spec.scenario_params, source, num_clients,
                           stream(spec.seed, "partition"))
     if part.test is not None:
         train, test = Ragged.from_parts(part.indices), Ragged.from_parts(part.test)
     else:
-        train, test = split_train_test(part.indices, spec.scenario.params.test_fraction,
+        train, test = split_train_test(part.indices, spec.scenario_params.test_fraction,
                                        stream(spec.seed, "split"))
     if part.val is not None:
         val = Ragged.from_parts(part.val)
     else:
         totals = train.lengths + test.lengths
-        train, val = split_validation(train, totals, spec.scenario.params.val_fraction,
+        train, val = split_validation(train, totals, spec.scenario_params.val_fraction,
                                       stream(spec.seed, "split", 1))
     splits = [train, test] + ([val] if val is not None else [])
-    return Federation(spec.dataset.name, spec.dataset.params, train, test, part.groups,
+    return Federation(spec.dataset.name, spec.dataset_params, train, test, part.groups,
                       part.angles, source.input_shape, source.num_classes, tuple(source.tasks),
                       part.label_maps, val, input_normalization(spec, source, train),
                       source.origin,
@@ -123,7 +123,7 @@ def content_digest(*arrays) -> str:
 def input_normalization(spec, source: SourceData, train: Ragged) -> Normalization:
     """``dataset.normalize`` for this federation; statistics from its training split only.
     A source whose parameters have no ``normalize`` field is used as it loads."""
-    mode = getattr(spec.dataset.params, "normalize", "unit")
+    mode = getattr(spec.dataset_params, "normalize", "unit")
     return normalization_for(mode, source, train)
 
 
@@ -150,8 +150,8 @@ class ClientData:
     tasks_val: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def evaluated_on(self, split: str) -> ClientData:
-        """This client with ``split`` (test or val) as its evaluation split (``x_test``…), so a
-        method's ``evaluate`` scores whichever split the runtime asks for."""
+        """This client with ``split`` (test or val) as its evaluation split (``x_test``…), so
+        code that scores ``x_test`` scores whichever split it is given (``raylf.diagnostics``)."""
         if split == "test":
             return self
         return replace(self, x_test=self.x_val, y_test=self.y_val, tasks_test=self.tasks_val)

@@ -24,9 +24,4 @@ from raylf.methods import (  # noqa: F401  (they register)
 )
 from raylf.methods.base import METHODS, Method, MethodContext, MethodParams, register
 
-
-def build_method(name: str, params: MethodParams, ctx: MethodContext) -> Method:
-    return METHODS.get(name)(params, ctx)
-
-
-__all__ = ["METHODS", "Method", "MethodContext", "MethodParams", "build_method", "register"]
+__all__ = ["METHODS", "Method", "MethodContext", "MethodParams", "register"]

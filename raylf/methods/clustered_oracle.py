@@ -17,8 +17,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, register, share
-from raylf.methods.shared import group_extras, group_means, group_plan, group_rows, group_state
+from raylf.methods.base import ClientUpdate, Deployment, FitPlan, Method, register, share
+from raylf.methods.shared import (
+    group_deployment,
+    group_extras,
+    group_means,
+    group_plan,
+    group_state,
+)
 
 
 def latent_group_ids(ctx) -> np.ndarray:
@@ -35,7 +41,6 @@ class ClusteredOracle(Method):
     name = "clustered_oracle"
     requires = frozenset({"groups"})
     oracle = True
-    evaluation = "own"  # rows carry the group id
 
     def server_init(self, init):
         return group_state(init, torch.as_tensor(latent_group_ids(self.ctx)))
@@ -49,11 +54,11 @@ class ClusteredOracle(Method):
     def aggregate(self, state, uploads, rnd):
         return state | {"models": group_means(state["models"], uploads)}, {}
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        return group_plan(extra, data)
+    def plan(self, client):
+        return group_plan(client)
 
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        return group_rows(trainer, extra, data)
+    def deploy(self, client):
+        return group_deployment(client)
 
 
 @register
@@ -89,11 +94,16 @@ class ClusteredOracleSE(Method):
     def client_init(self, cid, init):
         return init[self.ctx.layout.part("head")].clone()
 
-    def plan(self, payload, personal, data, extra, *, rnd):
+    def plan(self, client):
         parts = self.ctx.layout.parts
-        return FitPlan(self.deployable(payload, personal, extra), lambda trained: ClientUpdate(
-            {"encoder": share(trained[parts["encoder"]].clone(), data.n_train, extra)},
+        return FitPlan(self.model(client), lambda trained: ClientUpdate(
+            {"encoder": share(trained[parts["encoder"]].clone(), client.data.n_train,
+                              client.extra)},
             trained[parts["head"]].clone()))
 
-    def deployable(self, payload, personal, extra):
-        return torch.cat([payload["encoders"][extra], personal])
+    def model(self, client) -> torch.Tensor:
+        """The client's group encoder with its own head."""
+        return torch.cat([client.payload["encoders"][client.extra], client.personal])
+
+    def deploy(self, client):
+        return Deployment({"main": self.model(client)})

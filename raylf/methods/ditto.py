@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register
-from raylf.methods.shared import GlobalModelServer, scored_models
+from raylf.methods.base import ClientUpdate, Deployment, FitPlan, Method, MethodParams, register
+from raylf.methods.shared import GlobalModelServer
 
 
 class DittoParams(MethodParams):
@@ -34,25 +34,21 @@ class Ditto(GlobalModelServer, Method):
     name = "ditto"
     Params = DittoParams
     personal_state = True
-    evaluation = "own"  # the personal and the global model
     deployables = ("personal", "global")
 
     def client_init(self, cid, init):
         return init.clone()
 
-    def plan(self, payload, personal, data, extra, *, rnd):
+    def plan(self, client):
         """v_k's proximal fit, then w^t's plain one (the upload)."""
-        anchor = payload["model"]
+        anchor = client.payload["model"]
 
         def global_fit(trained_personal: torch.Tensor) -> FitPlan:
             return FitPlan(anchor, lambda model: ClientUpdate({"model": model}, trained_personal))
 
-        return FitPlan(personal, global_fit, anchor=anchor, mu=self.params.lam,
+        return FitPlan(client.personal, global_fit, anchor=anchor, mu=self.params.lam,
                        epochs=self.params.personal_epochs, seed_stream=(0,))
 
-    def deployable(self, payload, personal, extra):
-        return personal
-
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        return scored_models(trainer, zip(self.deployables, (personal, payload["model"])), data)
+    def deploy(self, client):
+        return Deployment({"personal": client.personal, "global": client.payload["model"]})
 

@@ -69,13 +69,14 @@ class FC(PeerStepMethod):
     Params = FCParams
 
     @classmethod
-    def check(cls, spec):
-        groups, clients = spec.method.hparams.groups, spec.federation.num_clients
-        if groups <= clients:
-            return []
-        return [("method.params.groups", (
-            f"groups={groups} exceeds the {clients} clients; use at most "
-            "federation.num_clients"))]
+    def check(cls, spec, params):
+        problems = super().check(spec, params)
+        groups, clients = params.groups, spec.federation.num_clients
+        if groups > clients:
+            problems.append(("method.params.groups", (
+                f"groups={groups} exceeds the {clients} clients; use at most "
+                "federation.num_clients")))
+        return problems
 
     def learner_ids(self):
         return np.arange(self.ctx.num_clients)

@@ -16,8 +16,8 @@ author's std of the last 10 losses < 0.1. The pass loss is the mean of its minib
 author records the last one).
 Decision — who runs ALA: the round's participants (the paper's Algorithm 1); the author code
 runs it for every client at every broadcast. Evaluation is "right after ALA" (as the
-author code): ``evaluate`` runs the ALA the client would run now (the start phase if it never
-had one) and scores θ̂, keeping nothing.
+author code): ``deploy`` runs the ALA the client would run now (the start phase if it never
+had one) and deploys θ̂, keeping nothing.
 Decision — buffers (BatchNorm statistics) are not parameter tensors: they come from Θ with the
 lower layers, since the server averages them with the rest of the vector.
 """
@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch.func import functional_call
 
-from raylf.methods.base import ClientUpdate, Method, MethodParams, register, scored_model
+from raylf.methods.base import ClientUpdate, Deployment, Method, MethodParams, register
 from raylf.methods.shared import GlobalModelServer
-from raylf.seeding import derive, generator
+from raylf.seeding import generator
 from raylf.training.layout import Slot
 
 
@@ -116,7 +116,6 @@ class FedALA(GlobalModelServer, Method):  # server half: FedAvg's global model
     Params = FedALAParams
     personal_state = True
     smoke_params = {"start_passes": 2}  # the first ALA's passes: 50 ResNet-18 passes per client
-    evaluation = "own"  # the ALA-adapted model, not the broadcast one
 
     # ---- client half ---------------------------------------------------------------------
     @property
@@ -153,21 +152,22 @@ class FedALA(GlobalModelServer, Method):  # server half: FedAvg's global model
                     break
         return ala.model(weights), personal | {"weights": weights, "started": True}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def local_update(self, client):
         """ALA, then FedAvg's fit from θ̂. Not a ``FitPlan`` (so not trained in cohorts): the
         start θ̂ comes out of ALA, a gradient loop of its own on the mixing weights W (clipped
         to [0, 1], no momentum: not local SGD of the model) run on the trainer before the fit,
         and a plan is declared before the worker runs anything; the fit itself is
         ``LocalTrainer.fit``'s (``raylf.training.sgd``)."""
-        start, personal = self.adapt(trainer, payload["model"], personal, data, seed)
+        trainer, data = client.trainer, client.data
+        start, personal = self.adapt(trainer, client.payload["model"], client.personal, data,
+                                     client.seed)
         trainer.load(start)
-        trainer.fit(data.x_train, data.y_train, seed=seed)
+        trainer.fit(data.x_train, data.y_train, seed=client.seed)
         model = trainer.vector()
         return ClientUpdate({"model": model}, personal | {"model": model})
 
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        """θ̂ from the ALA the client would run now, seeded by round and client only, so the
-        test and validation splits score the same model."""
-        seed = derive(self.ctx.seed, "evaluate", rnd, data.cid)
-        start, _ = self.adapt(trainer, payload["model"], personal, data, seed)
-        return [scored_model(trainer, start, data)]
+    def deploy(self, client):
+        """θ̂ from the ALA the client would run now, seeded by round and client."""
+        start, _ = self.adapt(client.trainer, client.payload["model"], client.personal,
+                              client.data, client.seed)
+        return Deployment({"main": start})

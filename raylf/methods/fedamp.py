@@ -23,8 +23,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register
-from raylf.methods.shared import scored_models
+from raylf.methods.base import ClientUpdate, Deployment, FitPlan, Method, MethodParams, register
 
 BLOCK = 1 << 20  # parameters per block of the float64 products (N × BLOCK × 8 bytes at most)
 
@@ -130,7 +129,6 @@ class FedAMP(Method):
     name = "fedamp"
     Params = FedAMPParams
     personal_state = True
-    evaluation = "own"  # the personal and the cloud model
     deployables = ("personal", "cloud")
 
     def server_init(self, init):
@@ -186,13 +184,10 @@ class FedAMP(Method):
     def client_init(self, cid, init):
         return init.clone()
 
-    def plan(self, payload, personal, data, extra, *, rnd):
+    def plan(self, client):
         p = self.params
-        return FitPlan(extra, lambda trained: ClientUpdate({"model": trained}, trained),
-                       anchor=extra, mu=p.lam / p.alpha_k)
+        return FitPlan(client.extra, lambda trained: ClientUpdate({"model": trained}, trained),
+                       anchor=client.extra, mu=p.lam / p.alpha_k)
 
-    def deployable(self, payload, personal, extra):
-        return personal
-
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        return scored_models(trainer, zip(self.deployables, (personal, extra)), data)
+    def deploy(self, client):
+        return Deployment({"personal": client.personal, "cloud": client.extra})

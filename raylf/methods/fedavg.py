@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from raylf.methods.base import Method, MethodParams, register
+from raylf.methods.base import Deployment, Method, MethodParams, register
 from raylf.methods.shared import GlobalModelServer, fit_model
 
 
@@ -17,11 +17,11 @@ class FedAvg(GlobalModelServer, Method):
     name = "fedavg"
     evaluation = "shared"
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        return fit_model(payload)
+    def plan(self, client):
+        return fit_model(client.payload)
 
-    def deployable(self, payload, personal, extra):
-        return payload["model"]
+    def deploy(self, client):
+        return Deployment({"main": client.payload["model"]})
 
 
 class FedProxParams(MethodParams):
@@ -35,5 +35,6 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        return replace(fit_model(payload), anchor=payload["model"], mu=self.params.mu)
+    def plan(self, client):
+        return replace(fit_model(client.payload), anchor=client.payload["model"],
+                       mu=self.params.mu)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, register
+from raylf.methods.base import ClientUpdate, Deployment, FitPlan, Method, register
 
 
 @register
@@ -26,12 +26,16 @@ class FedAvgSE(Method):
     def client_init(self, cid, init):
         return init[self.ctx.layout.part("head")].clone()
 
-    def plan(self, payload, personal, data, extra, *, rnd):
+    def plan(self, client):
         encoder = self.ctx.layout.part("encoder")
         head = self.ctx.layout.part("head")
-        return FitPlan(torch.cat([payload["encoder"], personal]),
+        return FitPlan(self.model(client),
                        lambda trained: ClientUpdate({"encoder": trained[encoder]},
                                                     trained[head].clone()))
 
-    def deployable(self, payload, personal, extra):
-        return torch.cat([payload["encoder"], personal])
+    def model(self, client) -> torch.Tensor:
+        """The shared encoder with the client's own head."""
+        return torch.cat([client.payload["encoder"], client.personal])
+
+    def deploy(self, client):
+        return Deployment({"main": self.model(client)})

@@ -5,23 +5,14 @@ of federated training, personalize by fine-tuning at evaluation.
 
 from __future__ import annotations
 
-import copy
 from typing import Literal
 
 import torch
 from pydantic import Field
 
-from raylf.methods.base import (
-    ClientUpdate,
-    FitPlan,
-    Method,
-    MethodParams,
-    register,
-    score,
-    scored_model,
-)
+from raylf.methods.base import ClientUpdate, Deployment, FitPlan, Method, MethodParams, register
+from raylf.schema import OptimizerSpec
 from raylf.training.layout import PARTS
-from raylf.training.sequential import LocalTrainer
 
 
 class FedBABUParams(MethodParams):
@@ -40,14 +31,9 @@ class FedBABUParams(MethodParams):
 class FedBABU(Method):
     name = "fedbabu"
     Params = FedBABUParams
-    evaluation = "own"  # fine-tunes before scoring
     smoke_params = {"finetune_epochs": 1}  # every client fine-tunes before each evaluation
     averaged = frozenset({"encoder"})
     deployables = ("finetuned", "global")
-
-    def __init__(self, params, ctx):
-        super().__init__(params, ctx)
-        self._tuners: dict[int, LocalTrainer] = {}
 
     def server_init(self, init):
         layout = self.ctx.layout
@@ -61,38 +47,29 @@ class FedBABU(Method):
     def aggregate(self, state, uploads, rnd):
         return {**state, "encoder": uploads.mean("encoder")}, {}
 
-    def plan(self, payload, personal, data, extra, *, rnd):
+    def plan(self, client):
         """Only the body trains: the head is left out of the optimizer."""
         encoder = self.ctx.layout.part("encoder")
-        return FitPlan(self.deployable(payload, personal, extra),
+        return FitPlan(self.model(client.payload),
                        lambda trained: ClientUpdate({"encoder": trained[encoder].clone()}),
                        trainable=("encoder",))
 
-    def deployable(self, payload, personal, extra):
+    @staticmethod
+    def model(payload) -> torch.Tensor:
         return torch.cat([payload["encoder"], payload["head"]])
 
-    def tuner(self, trainer: LocalTrainer) -> LocalTrainer:
-        """A second trainer on a copy of the model with the fine-tuning optimizer (the
-        federation's optimizer stays the one local training uses), built once per worker."""
-        if id(trainer) not in self._tuners:
-            p = self.params
-            optimizer = trainer.opt_cfg.model_copy(update={
-                "lr": p.finetune_lr, "momentum": p.finetune_momentum,
-                "weight_decay": p.finetune_weight_decay})
-            self._tuners[id(trainer)] = LocalTrainer(
-                copy.deepcopy(trainer.model), trainer.layout, optimizer, trainer.batch_size,
-                trainer.local_epochs, trainer.device)
-        return self._tuners[id(trainer)]
-
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        """(φ, h_0) fine-tuned on the client's training split, and (φ, h_0) itself."""
-        model = self.deployable(payload, personal, extra)
-        rows = [scored_model(trainer, model, data) | {"deployable": "global"}]
-        tuner = self.tuner(trainer)
-        tuner.load(model)
-        if self.params.finetune_epochs:
-            trainable = PARTS if self.params.finetune_part == "full" else ("head",)
-            tuner.fit(data.x_train, data.y_train, seed=seed, epochs=self.params.finetune_epochs,
-                      trainable=trainable)
-        tuned = score(tuner.predict(data.x_test), data.y_test) | {"deployable": "finetuned"}
-        return [tuned, *rows]
+    def deploy(self, client):
+        """(φ, h_0) fine-tuned on the client's training split with the fine-tuning optimizer
+        (the federation's stays the one local training uses), and (φ, h_0) itself. The
+        fine-tuning is seeded by round and client, so both evaluation splits score one model."""
+        model, p = self.model(client.payload), self.params
+        trainer = client.trainer
+        trainer.load(model)
+        if p.finetune_epochs:
+            tuning = OptimizerSpec(lr=p.finetune_lr, momentum=p.finetune_momentum,
+                                   weight_decay=p.finetune_weight_decay,
+                                   grad_clip=client.optimizer.grad_clip)
+            trainer.fit(client.data.x_train, client.data.y_train, seed=client.seed,
+                        epochs=p.finetune_epochs, optimizer=tuning,
+                        trainable=PARTS if p.finetune_part == "full" else ("head",))
+        return Deployment({"finetuned": trainer.vector(), "global": model})

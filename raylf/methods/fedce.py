@@ -30,7 +30,7 @@ import torch
 from pydantic import Field
 
 from raylf.errors import SpecError
-from raylf.methods.base import ClientUpdate, Method, MethodParams, register
+from raylf.methods.base import ClientUpdate, Deployment, Method, MethodParams, register
 
 
 class FedCEParams(MethodParams):
@@ -82,7 +82,7 @@ class FedCE(Method):
     evaluation = "shared"
 
     @classmethod
-    def check(cls, spec):
+    def check(cls, spec, params):
         if spec.federation.participants_per_round() >= 2:
             return []
         return [("federation.participation", (
@@ -141,12 +141,13 @@ class FedCE(Method):
     def client_init(self, cid, init):
         return {"prev": init.clone(), "has_prev": False, "score_sum": 0.0, "score_count": 0}
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def local_update(self, client):
         """Score the minus model, then FedAvg's fit. Not a ``FitPlan`` (so not trained in
         cohorts): the score dc_k is the minus model's validation accuracy, which takes the
         trainer, and a plan is declared before the worker runs anything; the fit itself is
         ``LocalTrainer.fit``'s (``raylf.training.sgd``)."""
-        glob, c = payload["model"], extra
+        trainer, data, personal = client.trainer, client.data, client.personal
+        glob, c = client.payload["model"], client.extra
         total, count = personal["score_sum"], personal["score_count"] + 1
         if personal["has_prev"] and len(data.y_val):
             trainer.load((glob - c * personal["prev"]) / (1 - c))
@@ -154,12 +155,12 @@ class FedCE(Method):
         elif personal["has_prev"]:
             count -= 1  # no validation sample: nothing to add to the history
         trainer.load(glob)
-        trainer.fit(data.x_train, data.y_train, seed=seed)
+        trainer.fit(data.x_train, data.y_train, seed=client.seed)
         model = trainer.vector()
         dc = torch.tensor([1 - total / count], device=model.device)  # count ≥ 1: the first 0
         return ClientUpdate({"delta": model - glob, "dc": dc},
                             {"prev": model, "has_prev": True, "score_sum": total,
                              "score_count": count})
 
-    def deployable(self, payload, personal, extra):
-        return payload["model"]
+    def deploy(self, client):
+        return Deployment({"main": client.payload["model"]})

@@ -16,7 +16,15 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, MethodParams, register, share
+from raylf.methods.base import (
+    ClientUpdate,
+    Deployment,
+    FitPlan,
+    Method,
+    MethodParams,
+    register,
+    share,
+)
 
 
 class FedDiscoParams(MethodParams):
@@ -55,8 +63,9 @@ class FedDisco(Method):
         return {"model": init.clone(),
                 "discrepancy": torch.zeros(self.ctx.num_clients, dtype=torch.float64)}
 
-    def setup(self, trainer, data, seed):
-        return {"labels": torch.bincount(data.y_train, minlength=self.ctx.num_classes).float()}
+    def setup(self, client):
+        return {"labels": torch.bincount(client.data.y_train,
+                                         minlength=self.ctx.num_classes).float()}
 
     def server_setup(self, state, uploads):
         counts = uploads.tensors["labels"].double().numpy()
@@ -78,9 +87,9 @@ class FedDisco(Method):
         _, fallback = self.weights(state, uploads.client_ids)
         return {**state, "model": uploads.mean("model")}, {"disco_fallback": float(fallback)}
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        return FitPlan(payload["model"],
-                       lambda trained: ClientUpdate({"model": share(trained, extra)}))
+    def plan(self, client):
+        return FitPlan(client.payload["model"],
+                       lambda trained: ClientUpdate({"model": share(trained, client.extra)}))
 
-    def deployable(self, payload, personal, extra):
-        return payload["model"]
+    def deploy(self, client):
+        return Deployment({"main": client.payload["model"]})

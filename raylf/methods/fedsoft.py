@@ -2,8 +2,8 @@
 Local Updating"): soft clustering with S cluster models and a persistent local model per client,
 pulled towards every cluster by its importance weights.
 
-- Importance estimation (every ``estimation_every`` rounds, by every client, through the
-  contract's collect / report phase): for each training sample the cluster model with the lowest
+- Importance estimation (every ``estimation_every`` rounds, by every client, in the round's
+  ``estimate`` phase after training): for each training sample the cluster model with the lowest
   loss gets a count; u_ks = count_s / n_k, a zero count replaced by σ·n_k (no renormalization).
   The client keeps u_k; the server keeps the N × S matrix for selection and aggregation.
 - Selection (``selection: true``): for each cluster s, K clients without replacement with
@@ -38,13 +38,15 @@ from pydantic import Field
 
 from raylf.methods.base import (
     ClientUpdate,
+    Deployment,
     FitPlan,
     Method,
     MethodParams,
+    Phase,
     register,
     soft_share,
 )
-from raylf.methods.shared import group_means, scored_models
+from raylf.methods.shared import group_means
 from raylf.seeding import stream
 
 
@@ -85,7 +87,6 @@ class FedSoft(Method):
     name = "fedsoft"
     Params = FedSoftParams
     personal_state = True
-    evaluation = "own"  # the local and the chosen cluster model
     deployables = ("local", "cluster")
 
     @property
@@ -123,12 +124,18 @@ class FedSoft(Method):
     def aggregate(self, state, uploads, rnd):
         return state | {"clusters": group_means(state["clusters"], uploads)}, {}
 
-    def collect(self, state, rnd):
+    def phases(self):
+        """After training, every ``estimation_every`` rounds, every client estimates its
+        importance weights on the new cluster models."""
+        return (Phase("estimate", request=self.estimation, answer=self.estimate,
+                      receive=self.new_importance),)
+
+    def estimation(self, state, rnd):
         if rnd % self.params.estimation_every or rnd == self.ctx.rounds:
             return None
         return {"clusters": state["clusters"]}
 
-    def receive_reports(self, state, uploads, rnd):
+    def new_importance(self, state, uploads, rnd):
         u = state["importance"].clone()
         u[torch.as_tensor(uploads.senders.get("importance", uploads.client_ids))] = \
             uploads.tensors["importance"]
@@ -141,33 +148,38 @@ class FedSoft(Method):
         return {"model": init.clone(),
                 "importance": torch.full((s,), 1.0 / s, dtype=torch.float64)}
 
-    def plan(self, payload, personal, data, extra, *, rnd):
+    def plan(self, client):
         """The local model's proximal fit towards c̄_k with strength λ·U_k (each client its own
         anchor and strength, so cohorts step clients of one strength together)."""
-        u = personal["importance"].to(payload["clusters"].dtype)
+        personal, clusters = client.personal, client.payload["clusters"]
+        u = personal["importance"].to(clusters.dtype)
         total = float(u.sum())
-        anchor = (u / total) @ payload["clusters"]
+        anchor = (u / total) @ clusters
         if self.params.selection:
-            weights = (payload["chosen"] == data.cid).any(1).double()
+            weights = (client.payload["chosen"] == client.cid).any(1).double()
         else:
-            weights = personal["importance"] * data.n_train
+            weights = personal["importance"] * client.data.n_train
 
         def finish(model: torch.Tensor) -> ClientUpdate:
             return ClientUpdate({"model": soft_share(model, weights)}, personal | {"model": model})
 
         return FitPlan(personal["model"], finish, anchor=anchor, mu=self.params.lam * total)
 
-    def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def estimate(self, client):
+        """u_k from every cluster model's per-sample losses on the client's training data."""
         losses = []
-        for cluster in payload["clusters"]:
-            trainer.load(cluster)
-            logits = trainer.predict(data.x_train)
-            losses.append(F.cross_entropy(logits, data.y_train, reduction="none"))
+        for cluster in client.payload["clusters"]:
+            client.trainer.load(cluster)
+            logits = client.trainer.predict(client.data.x_train)
+            losses.append(F.cross_entropy(logits, client.data.y_train, reduction="none"))
         u = importance(torch.stack(losses), self.params.smoothing).cpu()
-        return ClientUpdate({"importance": u}, personal | {"importance": u})
+        return ClientUpdate({"importance": u}, client.personal | {"importance": u})
 
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        u = [float(w) for w in personal["importance"]]
-        models = (("local", personal["model"]),
-                  ("cluster", payload["clusters"][int(np.argmax(u))]))
-        return [row | {"importance": u} for row in scored_models(trainer, models, data)]
+    def deploy(self, client):
+        """The local model, and the cluster model of the largest importance weight; both rows
+        carry the weights (``importance``)."""
+        u = [float(w) for w in client.personal["importance"]]
+        columns = {"importance": u}
+        return Deployment({"local": client.personal["model"],
+                           "cluster": client.payload["clusters"][int(np.argmax(u))]},
+                          {name: columns for name in self.deployables})

@@ -77,7 +77,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, register
+from raylf.methods.base import ClientUpdate, Deployment, FitPlan, Method, register
 from raylf.methods.multitask import (
     FEATURE_RELU,
     SOFTMAX,
@@ -88,11 +88,11 @@ from raylf.methods.multitask import (
     encoder_model,
     head_outputs,
     head_shape,
-    scored,
+    task_rows,
 )
+from raylf.methods.privacy import DPParams, privatize, round_accounting
 from raylf.methods.shared import GlobalModelServer, upload_model
 from raylf.models import SplitModel
-from raylf.privacy import DPParams, privatize, round_report
 from raylf.seeding import client_seed, derive
 
 
@@ -146,7 +146,8 @@ class FedPureCNN(GlobalModelServer, Method):
     Params = FedPureCNNParams
     kind = SOFTMAX
     requires = frozenset({"tasks"})
-    evaluation = "own"  # rows per task, not the single-task shared evaluation
+    targets = "tasks"
+    evaluation = "shared"
 
     @classmethod
     def build_model(cls, spec_model, federation, params) -> SplitModel:
@@ -157,14 +158,16 @@ class FedPureCNN(GlobalModelServer, Method):
         super().__init__(params, ctx)
         self.loss = TaskLoss.of(self.kind, params)
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        return FitPlan(payload["model"], upload_model, loss_fn=self.loss, targets="tasks")
+    def plan(self, client):
+        return FitPlan(client.payload["model"], upload_model, loss_fn=self.loss,
+                       targets="tasks")
 
-    def deployable(self, payload, personal, extra):
-        return payload["model"]
+    def deploy(self, client):
+        return Deployment({"main": client.payload["model"]})
 
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        return scored(trainer, self.kind, self.deployable(payload, personal, extra), data)
+    def scores(self, outputs, targets):
+        """One row per task: accuracy, AUC and loss (``raylf.methods.multitask``)."""
+        return task_rows(self.kind, outputs, targets)
 
 
 @register
@@ -215,8 +218,8 @@ class FMTSVM(Method):
     proposed_in = ("FMT-SVM: A Communication-Efficient Federated Multi-Task Support Vector "
                    "Machine Framework for Healthcare")
     personal_state = True
-    evaluation = "own"  # rows per task for two deployables
     requires = frozenset({"tasks"})
+    targets = "tasks"
     averaged = frozenset({"encoder"})  # heads stay per client: Σ needs their spread
     deployables = ("global_heads", "own_heads")  # the paper's model first
 
@@ -259,7 +262,7 @@ class FMTSVM(Method):
         diagnostics = {f"sigma_eig_{i}": float(v)
                        for i, v in enumerate(torch.linalg.eigvalsh(sigma))}
         if p.dp.enabled:
-            diagnostics.update(round_report(p.dp, rnd))
+            diagnostics.update(round_accounting(p.dp, rnd))
         return new, diagnostics
 
     def weights(self, heads: torch.Tensor) -> torch.Tensor:
@@ -272,15 +275,16 @@ class FMTSVM(Method):
         return {"encoder": init[self.ctx.layout.part("encoder")].clone(),
                 "heads": init[self.ctx.layout.part("head")].clone()}
 
-    def plan(self, payload, personal, data, extra, *, rnd):
+    def plan(self, client):
         """Own encoder (or the synced one) and the global heads, trained on the hinges with the
-        λ/μ terms stepped as ``penalty_step`` says: in the loss (``penalty``) or as the exact
+        λ/μ terms stepped as ``penalty_step`` says: in the loss (a loss term) or as the exact
         proximal map after every step (``after_step``); the heads (noised under DP) go up."""
+        payload, personal = client.payload, client.personal
         p = self.params
         sigma_inv = torch.linalg.inv(payload["sigma"])
         anchor = self.weights(payload["heads"])
         layout = self.ctx.layout
-        noise_seed = derive(client_seed(self.ctx.seed, rnd, data.cid), "method")
+        noise_seed = derive(client_seed(self.ctx.seed, client.rnd, client.cid), "method")
 
         def finish(trained: torch.Tensor) -> ClientUpdate:
             own = {"encoder": trained[layout.part("encoder")].clone(),
@@ -288,17 +292,17 @@ class FMTSVM(Method):
             upload = {"heads": own["heads"]}
             if p.dp.enabled:
                 upload["heads"] = privatize(own["heads"], p.dp, noise_seed)
-            if extra:
+            if client.extra:
                 upload["encoder"] = own["encoder"]
             return ClientUpdate(upload, own)
 
         start = torch.cat([payload.get("encoder", personal["encoder"]), payload["heads"]])
         if p.penalty_step == "gradient":
-            def penalty(params) -> torch.Tensor:
-                w = params["head.weight"]
+            def penalty(batch) -> torch.Tensor:
+                w = batch.params["head.weight"]
                 return p.lam * covariance_penalty(w, sigma_inv) + p.mu * (w - anchor).pow(2).sum()
 
-            return FitPlan(start, finish, loss_fn=self.loss, targets="tasks", penalty=penalty)
+            return FitPlan(start, finish, loss_fn=self.loss, targets="tasks", terms=(penalty,))
         prox_map = cache(lambda lr: penalty_prox(sigma_inv, anchor, p.lam, p.mu, lr))
 
         def after_step(params, lr) -> dict[str, torch.Tensor]:
@@ -307,14 +311,13 @@ class FMTSVM(Method):
 
         return FitPlan(start, finish, loss_fn=self.loss, targets="tasks", after_step=after_step)
 
-    def deployable(self, payload, personal, extra):
-        """Own encoder (or the freshly synced one) with the global heads: the paper's model."""
-        return torch.cat([payload.get("encoder", personal["encoder"]), payload["heads"]])
+    def deploy(self, client):
+        """Own encoder (or the freshly synced one) with the global heads, the paper's model,
+        and with the client's own heads."""
+        encoder = client.payload.get("encoder", client.personal["encoder"])
+        return Deployment({"global_heads": torch.cat([encoder, client.payload["heads"]]),
+                           "own_heads": torch.cat([encoder, client.personal["heads"]])})
 
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        """Rows per task for (own encoder, global heads) and for (own encoder, own heads)."""
-        shared = scored(trainer, SVM, self.deployable(payload, personal, extra), data)
-        encoder = payload.get("encoder", personal["encoder"])
-        own = scored(trainer, SVM, torch.cat([encoder, personal["heads"]]), data)
-        return [row | {"deployable": name}
-                for name, rows in zip(self.deployables, (shared, own)) for row in rows]
+    def scores(self, outputs, targets):
+        """One row per task: accuracy, AUC and loss (``raylf.methods.multitask``)."""
+        return task_rows(SVM, outputs, targets)

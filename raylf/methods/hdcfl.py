@@ -24,11 +24,12 @@ from threadpoolctl import threadpool_limits
 
 from raylf.methods.base import (
     ClientUpdate,
+    Deployment,
     FitPlan,
     Method,
     MethodParams,
+    Phase,
     register,
-    scored_model,
     soft_share,
 )
 from raylf.seeding import stream
@@ -105,9 +106,9 @@ class HDCFL(Method):
     Params = HDCFLParams
     proposed_in = "HDC-FL: Head-Derived Clustering for Personalized Federated Learning"
     personal_state = True
-    evaluation = "own"  # the mixture and the shared-encoder row
     averaged = frozenset({"encoder"})
     deployables = ("mixture", "shared")
+    gain_over = "shared"  # acc_gain_mean: the personalization gain, acc_mean − acc_mean_shared
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
@@ -135,7 +136,8 @@ class HDCFL(Method):
         return (rnd - self.activation) % self.params.refresh_every == 0 or rnd == self.ctx.rounds
 
     def extras(self, state, client_ids, rnd):
-        """Each grouped client's memberships π_k (G floats)."""
+        """Each grouped client's memberships π_k (G floats): next to the broadcast, and to the
+        refresh's request."""
         grouped = state["assignment"] >= 0
         return {int(c): state["membership"][int(c)] for c in client_ids if bool(grouped[int(c)])}
 
@@ -187,11 +189,16 @@ class HDCFL(Method):
             diagnostics["ari_latent"] = float(adjusted_rand_score(latent, labels))
         return state, diagnostics
 
-    def collect(self, state, rnd):
-        """At a refresh, an empty payload: each grouped client's π_k travels in ``extras``."""
+    def phases(self):
+        """At a refresh, after training, every client shares its encoder with the groups."""
+        return (Phase("refresh", request=self.refresh, answer=self.share_encoder,
+                      receive=self.set_prototypes, messages=self.extras),)
+
+    def refresh(self, state, rnd):
+        """At a refresh, an empty request: each grouped client's π_k travels as its message."""
         return {} if self.refreshes(state, rnd) else None
 
-    def receive_reports(self, state, uploads, rnd):
+    def set_prototypes(self, state, uploads, rnd):
         """P_g from the reduced shares; a group nobody weighs (hard, empty) falls back to φ."""
         groups = state["membership"].shape[1]
         prototypes = [uploads.mean("encoder", g) if uploads.weight("encoder", g) > 0
@@ -203,9 +210,9 @@ class HDCFL(Method):
         """The private head; ``encoder`` (φ_k) stays empty until the client first trains."""
         return {"encoder": torch.zeros(0), "head": init[self.ctx.layout.part("head")].clone()}
 
-    def plan(self, payload, personal, data, extra, *, rnd):
+    def plan(self, client):
         """FedAvg-SE's update; the head also goes to the server's cache (unless G = 0)."""
-        parts = self.ctx.layout.parts
+        parts, personal = self.ctx.layout.parts, client.personal
 
         def finish(trained):
             encoder, head = trained[parts["encoder"]].clone(), trained[parts["head"]].clone()
@@ -213,38 +220,34 @@ class HDCFL(Method):
                 {"encoder": encoder}
             return ClientUpdate(upload, {**personal, "encoder": encoder, "head": head})
 
-        return FitPlan(torch.cat([payload["encoder"], personal["head"]]), finish)
+        return FitPlan(torch.cat([client.payload["encoder"], personal["head"]]), finish)
 
-    def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def share_encoder(self, client):
         """φ_k into every group g with weight π_kg·n_k (nothing from a client not grouped)."""
-        if extra is None:
+        personal = client.personal
+        if client.extra is None:
             return ClientUpdate({}, personal)
         if self.params.head_pairing == "cached":
             personal = {**personal, "paired": personal["head"]}
-        return ClientUpdate({"encoder": soft_share(personal["encoder"], extra * data.n_train)},
+        return ClientUpdate({"encoder": soft_share(personal["encoder"],
+                                                   client.extra * client.data.n_train)},
                             personal)
 
-    def deployable(self, payload, personal, extra):
-        """(Σ_g π_kg P_g, h_k) for a grouped client once prototypes exist, else (φ, h_k)."""
+    def deploy(self, client):
+        """(Σ_g π_kg P_g, h_k) for a grouped client once prototypes exist, else the shared
+        encoder (φ, h_k), and (φ, h_k) itself; the mixture's rows name the strongest group and
+        the memberships. The rounds table's ``acc_gain_mean`` is the personalization gain,
+        acc_mean − acc_mean_shared (``gain_over``)."""
+        payload, personal, extra = client.payload, client.personal, client.extra
+        shared = torch.cat([payload["encoder"], personal["head"]])
         if extra is None or "prototypes" not in payload:
-            return torch.cat([payload["encoder"], personal["head"]])
+            return Deployment({"mixture": shared, "shared": shared},
+                              {"mixture": {"cluster": None, "mixture": None}})
         prototypes = payload["prototypes"]
         mixture = extra.to(prototypes.device, prototypes.dtype) @ prototypes
-        return torch.cat([mixture, personal.get("paired", personal["head"])])
-
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        """The mixture row (with its group, memberships and gain over the shared encoder) and
-        the shared-encoder row; the rounds table's ``acc_gain_mean`` is the personalization
-        gain, acc_mean − acc_mean_shared."""
-        shared = scored_model(trainer, torch.cat([payload["encoder"], personal["head"]]), data)
-        mixed = "prototypes" in payload and extra is not None
-        if mixed:
-            mixture = scored_model(trainer, self.deployable(payload, personal, extra), data)
-        else:
-            mixture = dict(shared)
-        gain = None if shared["accuracy"] is None else mixture["accuracy"] - shared["accuracy"]
-        weights = extra.tolist() if mixed else None
-        mixture |= {"deployable": "mixture", "accuracy_gain": gain,
-                    "cluster": int(np.argmax(weights)) if mixed else None,
-                    "mixture": json.dumps([round(w, 6) for w in weights]) if mixed else None}
-        return [mixture, shared | {"deployable": "shared"}]
+        weights = extra.tolist()
+        return Deployment(
+            {"mixture": torch.cat([mixture, personal.get("paired", personal["head"])]),
+             "shared": shared},
+            {"mixture": {"cluster": int(np.argmax(weights)),
+                         "mixture": json.dumps([round(w, 6) for w in weights])}})

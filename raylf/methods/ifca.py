@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from raylf.methods.base import ClientUpdate, Method, MethodParams, register, scored_model, share
+from raylf.methods.base import ClientUpdate, Deployment, Method, MethodParams, register, share
 from raylf.methods.shared import group_means
 from raylf.seeding import generator
 
@@ -47,7 +47,6 @@ def lowest_loss(trainer, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor)
 class IFCA(Method):
     name = "ifca"
     Params = IFCAParams
-    evaluation = "own"  # picks its cluster on the client's data first
 
     def server_init(self, init):
         return {"models": self.ctx.initial_models(self.params.clusters)}
@@ -65,16 +64,19 @@ class IFCA(Method):
         rows = rows[: self.params.loss_samples].to(data.y_train.device)
         return lowest_loss(trainer, models, data.x_train[rows], data.y_train[rows])
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def local_update(self, client):
         """The chosen cluster model, fitted as FedAvg's. Not a ``FitPlan`` (so not trained in
         cohorts): the start is chosen by every cluster model's loss on the client's own data,
         which takes the trainer, and a plan is declared before the worker runs anything; the
         fit itself is ``LocalTrainer.fit``'s (``raylf.training.sgd``)."""
-        cluster = self.choose(trainer, payload["models"], data)
-        trainer.load(payload["models"][cluster])
-        trainer.fit(data.x_train, data.y_train, seed=seed)
+        trainer, data, models = client.trainer, client.data, client.payload["models"]
+        cluster = self.choose(trainer, models, data)
+        trainer.load(models[cluster])
+        trainer.fit(data.x_train, data.y_train, seed=client.seed)
         return ClientUpdate({"model": share(trainer.vector(), data.n_train, cluster)})
 
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        cluster = self.choose(trainer, payload["models"], data)
-        return [scored_model(trainer, payload["models"][cluster], data) | {"cluster": cluster}]
+    def deploy(self, client):
+        """The cluster model the same rule chooses now, its rows marked with it."""
+        models = client.payload["models"]
+        cluster = self.choose(client.trainer, models, client.data)
+        return Deployment({"main": models[cluster]}, {"main": {"cluster": cluster}})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raylf.methods.base import ClientUpdate, FitPlan, Method, register
+from raylf.methods.base import ClientUpdate, Deployment, FitPlan, Method, register
 
 
 @register
@@ -22,8 +22,8 @@ class Local(Method):
     def client_init(self, cid, init):
         return init.clone()
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        return FitPlan(personal, lambda trained: ClientUpdate({}, trained))
+    def plan(self, client):
+        return FitPlan(client.personal, lambda trained: ClientUpdate({}, trained))
 
-    def deployable(self, payload, personal, extra):
-        return personal
+    def deploy(self, client):
+        return Deployment({"main": client.personal})

@@ -228,9 +228,3 @@ def task_rows(kind: HeadKind, outputs: torch.Tensor,
                      "auc": auc(y.cpu().numpy(), s.cpu().numpy()) if n else None,
                      "loss": float(losses[task]) if n else None})
     return rows
-
-
-def scored(trainer, kind: HeadKind, vector: torch.Tensor, data) -> list[dict[str, Any]]:
-    """Rows per task for the model ``vector`` on ``data``'s evaluation split."""
-    trainer.load(vector)
-    return task_rows(kind, trainer.predict(data.x_test), data.tasks_test)

@@ -67,7 +67,13 @@ import torch
 from pydantic import Field
 
 from raylf.methods.base import Method, MethodParams, register
-from raylf.methods.shared import group_extras, group_means, group_plan, group_rows, group_state
+from raylf.methods.shared import (
+    group_deployment,
+    group_extras,
+    group_means,
+    group_plan,
+    group_state,
+)
 
 log = logging.getLogger(__name__)
 
@@ -211,16 +217,15 @@ def one_cluster_warning(distances: np.ndarray, beta: float, params: PACFLParams)
 class PACFL(Method):
     name = "pacfl"
     Params = PACFLParams
-    evaluation = "own"  # rows carry the cluster id
 
     def server_init(self, init):
         """One cluster of everyone until the setup phase has clustered the clients."""
         return {"init": init.clone()} | group_state(
             init, torch.zeros(self.ctx.num_clients, dtype=torch.int64))
 
-    def setup(self, trainer, data, seed):
-        return {"basis": class_bases(data.x_train, data.y_train, self.ctx.num_classes,
-                                     self.params.basis)}
+    def setup(self, client):
+        return {"basis": class_bases(client.data.x_train, client.data.y_train,
+                                     self.ctx.num_classes, self.params.basis)}
 
     def server_setup(self, state, uploads):
         bases = uploads.tensors["basis"]
@@ -243,8 +248,8 @@ class PACFL(Method):
         models = group_means(state["models"], uploads)
         return state | {"models": models}, {"clusters": float(len(models))}
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        return group_plan(extra, data)
+    def plan(self, client):
+        return group_plan(client)
 
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        return group_rows(trainer, extra, data)
+    def deploy(self, client):
+        return group_deployment(client)

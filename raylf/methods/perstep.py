@@ -2,19 +2,18 @@
 its reference rules, FC: methods whose round is a single gradient step.
 
 A round is one optimizer step of every *learner* (a client with a model of its own: SP-CACW's
-targets, every client in FC):
+targets, every client in FC), in two exchanges:
 
-1. ``broadcast``: the learners' weights stacked (T, P);
-2. ``local_update`` on every client: its next minibatch (``raylf.training.sgd``'s schedule: one
-   pass over its own data per epoch, reshuffled each epoch) and its gradient there at each
-   learner's weights it serves, in one vectorized call (``LocalTrainer.gradients_at``), uploaded
-   as one plain (rows, P) tensor;
-3. ``aggregate``: from the per-peer gradients, each learner's update direction (the subclass's
-   rule: an α-weighted sum, a thresholded cluster mean) and whatever it tracks;
-4. ``collect`` / ``report``: each learner's client receives its direction (``extras``), takes its
-   own optimizer step with ``federation.optimizer`` (``raylf.training.sgd.step_``, the
-   trainers' step: gradient clipping, weight decay, momentum kept across steps, lr) and uploads
-   its new weights for the next broadcast.
+1. training: ``broadcast`` sends the learners' weights stacked (T, P); ``local_update`` on every
+   client takes its next minibatch (``raylf.training.sgd``'s schedule: one pass over its own
+   data per epoch, reshuffled each epoch) and its gradient there at each learner's weights it
+   serves, in one vectorized call (``LocalTrainer.gradients_at``), uploaded as one plain
+   (rows, P) tensor; ``aggregate`` turns the per-peer gradients into each learner's update
+   direction (the subclass's rule: an α-weighted sum, a thresholded cluster mean);
+2. the ``step`` phase: each learner receives its direction as its message, takes its own
+   optimizer step with ``federation.optimizer`` (``raylf.training.sgd.step_``, the trainers'
+   step: gradient clipping, weight decay, momentum kept across steps, lr) and uploads its new
+   weights for the next broadcast (``learner_upload`` adds what the subclass needs).
 
 Why the learner steps, not the server: the optimizer settings are the client half's (the server
 half never sees them), and a learner owning its model, momentum and data is the papers'
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raylf.methods.base import ClientUpdate, Method
+from raylf.methods.base import ClientUpdate, Deployment, Method, Phase
 from raylf.seeding import generator
 from raylf.training.sgd import minibatch, step_
 
@@ -48,7 +47,6 @@ class PeerStepMethod(Method):
     """The runtime above; a subclass names its learners and turns gradients into directions."""
 
     personal_state = True
-    evaluation = "own"  # learners only
     round_unit = "step"
 
     def __init__(self, params, ctx):
@@ -57,6 +55,16 @@ class PeerStepMethod(Method):
         self.index = {int(c): k for k, c in enumerate(self.learners)}
         self.param_slots = [s for s in ctx.layout.slots if s.is_param]
         self.has_buffers = len(self.param_slots) < len(ctx.layout.slots)
+
+    @classmethod
+    def check(cls, spec, params):
+        """A learner keeps its SGD momentum across steps in its personal state; the other
+        optimizers' state is not kept between steps here."""
+        if spec.federation.optimizer.name == "sgd":
+            return []
+        return [("federation.optimizer.name", (
+            f"{spec.method.name} steps its learners one step per round and keeps only SGD's "
+            f"momentum between them; use name: sgd"))]
 
     # ---- what a subclass defines ----------------------------------------------------------
     def learner_ids(self) -> np.ndarray:
@@ -78,9 +86,9 @@ class PeerStepMethod(Method):
         ``grads`` (clients, rows, P), clients in ascending order."""
         raise NotImplementedError
 
-    def learner_report(self, trainer, personal: dict[str, Any], data, seed: int,
-                       rnd: int) -> dict[str, torch.Tensor]:
-        """Extra tensors a learner uploads after its step (SP-CACW: its smoothness estimate)."""
+    def learner_upload(self, client, personal: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Extra tensors a learner uploads after its step, from its new ``personal`` state
+        (SP-CACW: its smoothness estimate)."""
         return {}
 
     def after_reports(self, state: dict[str, Any], uploads,
@@ -101,20 +109,18 @@ class PeerStepMethod(Method):
         state, directions, diagnostics = self.directions(state, uploads.tensors["grads"], rnd)
         return {**state, "directions": directions}, diagnostics
 
-    def collect(self, state, rnd):
-        """Every round collects; the learners need nothing but their direction (``extras``)."""
-        return {}
+    def phases(self):
+        """Every round, after the gradients: the learners' own step along their directions."""
+        return (Phase("step", request=lambda state, rnd: {}, answer=self.take_step,
+                      receive=self.new_weights, messages=self.learner_directions,
+                      answering=lambda state, rnd: self.learners),)
 
-    def extras(self, state, client_ids, rnd):
-        """Each learner's direction, in the collect phase only (``aggregate`` leaves them in the
-        state, ``receive_reports`` drops them)."""
-        if "directions" not in state:
-            return {}
-        wanted = {int(c) for c in client_ids}
-        return {int(c): state["directions"][k] for k, c in enumerate(self.learners)
-                if int(c) in wanted}
+    def learner_directions(self, state, client_ids, rnd):
+        """Each learner's direction (``aggregate`` left them in the state; ``new_weights``
+        drops them)."""
+        return {int(c): state["directions"][self.index[int(c)]] for c in client_ids}
 
-    def receive_reports(self, state, uploads, rnd):
+    def new_weights(self, state, uploads, rnd):
         state = {k: v for k, v in state.items() if k != "directions"}
         rows = torch.as_tensor([self.index[int(c)] for c in uploads.senders["weights"]])
         weights = state["weights"].clone()
@@ -127,35 +133,40 @@ class PeerStepMethod(Method):
             return None
         return {"weights": init.clone(), "momentum": torch.zeros_like(init)}
 
-    def batch(self, trainer, data, rnd: int) -> torch.Tensor:
-        idx = epoch_batch(data.n_train, trainer.batch_size, rnd, self.ctx.seed, data.cid)
+    def batch(self, client) -> torch.Tensor:
+        """Indices of the client's minibatch at this step."""
+        data = client.data
+        idx = epoch_batch(data.n_train, client.trainer.batch_size, client.rnd, self.ctx.seed,
+                          data.cid)
         return idx.to(data.x_train.device)
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
-        idx = self.batch(trainer, data, rnd)
-        rows = self.rows_for(data.cid, rnd)
-        weights = payload["weights"]
-        grads = trainer.gradients_at(weights[rows.to(weights.device)], data.x_train[idx],
-                                     data.y_train[idx], seed=seed)
+    def local_update(self, client):
+        """The minibatch gradient at each learner's weights this client serves. Not a
+        ``FitPlan``: no fit runs, only gradients (the learners step in the ``step`` phase)."""
+        data, idx = client.data, self.batch(client)
+        rows = self.rows_for(data.cid, client.rnd)
+        weights = client.payload["weights"]
+        grads = client.trainer.gradients_at(weights[rows.to(weights.device)], data.x_train[idx],
+                                            data.y_train[idx], seed=client.seed)
         if len(rows) < self.upload_width:
             grads = torch.cat([grads, grads.new_zeros(self.upload_width - len(rows),
                                                       grads.shape[1])])
-        return ClientUpdate({"grads": grads}, personal)
+        return ClientUpdate({"grads": grads}, client.personal)
 
-    def report(self, trainer, payload, personal, data, seed, extra, *, rnd):
-        if extra is None:
-            return ClientUpdate({}, personal)
+    def take_step(self, client):
+        """A learner's step along its direction (``extra``) from its own weights and momentum;
+        its new weights go up."""
+        personal, trainer = client.personal, client.trainer
         w = personal["weights"]
         if self.has_buffers:  # running statistics follow the learner's own batches, as in fit
             trainer.load(w)
             trainer.model.train()
             with torch.no_grad():
-                trainer.model(data.x_train[self.batch(trainer, data, rnd)])
+                trainer.model(client.data.x_train[self.batch(client)])
             w = trainer.vector()
-        w, momentum = self.step(w, personal["momentum"], extra, trainer.opt_cfg)
+        w, momentum = self.step(w, personal["momentum"], client.extra, client.optimizer)
         personal = {**personal, "weights": w, "momentum": momentum}
-        upload = {"weights": w, **self.learner_report(trainer, personal, data, seed, rnd)}
-        return ClientUpdate(upload, personal)
+        return ClientUpdate({"weights": w, **self.learner_upload(client, personal)}, personal)
 
     def step(self, w: torch.Tensor, momentum: torch.Tensor, direction: torch.Tensor,
              cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,11 +182,8 @@ class PeerStepMethod(Method):
         step_(tensors(w), tensors(direction), tensors(momentum) if cfg.momentum else None, cfg)
         return w, momentum
 
-    def deployable(self, payload, personal, extra):
-        return personal["weights"]
-
-    def evaluate(self, trainer, payload, personal, data, extra, *, rnd, seed):
-        """Learners only: a client without a model of its own has nothing to deploy."""
-        if personal is None:
-            return []
-        return super().evaluate(trainer, payload, personal, data, extra, rnd=rnd, seed=seed)
+    def deploy(self, client):
+        """A learner's own model; a client without one has nothing to deploy."""
+        if client.personal is None:
+            return Deployment({})
+        return Deployment({"main": client.personal["weights"]})

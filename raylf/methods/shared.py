@@ -8,12 +8,17 @@ group models the same way without one depending on another.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
-
 import torch
 
-from raylf.methods.base import ClientUpdate, FitPlan, Tensors, Uploads, scored_model, share
+from raylf.methods.base import (
+    ClientRound,
+    ClientUpdate,
+    Deployment,
+    FitPlan,
+    Tensors,
+    Uploads,
+    share,
+)
 
 
 # ---- one global model, n_k-averaged (FedAvg's server half) --------------------------------------
@@ -82,20 +87,14 @@ def group_extras(state, client_ids) -> dict[int, dict]:
             for c in client_ids}
 
 
-def group_plan(extra, data) -> FitPlan:
+def group_plan(client: ClientRound) -> FitPlan:
     """FedAvg's update from the group model, uploaded as a share of weight n_k in the group."""
+    extra = client.extra
     return FitPlan(extra["model"], lambda trained: ClientUpdate(
-        {"model": share(trained, data.n_train, extra["cluster"])}))
+        {"model": share(trained, client.data.n_train, extra["cluster"])}))
 
 
-def group_rows(trainer, extra, data) -> list[dict]:
-    """The group model scored on the client's evaluation split, with its group id."""
-    return [scored_model(trainer, extra["model"], data) | {"cluster": extra["cluster"]}]
-
-
-# ---- evaluation ---------------------------------------------------------------------------------
-def scored_models(trainer, models: Iterable[tuple[str, torch.Tensor]],
-                  data) -> list[dict[str, Any]]:
-    """One row per named model (the clients table's ``deployable``), for methods evaluated with
-    several (Ditto's personal and global model, FedAMP's personal and cloud model)."""
-    return [scored_model(trainer, model, data) | {"deployable": name} for name, model in models]
+def group_deployment(client: ClientRound) -> Deployment:
+    """The client's group model, its rows marked with the group id (``cluster``)."""
+    return Deployment({"main": client.extra["model"]},
+                      {"main": {"cluster": client.extra["cluster"]}})

@@ -116,9 +116,9 @@ class SPCACWParams(SPCACWNoRegParams):
                              "‖Var(g_t)‖², the paper's formula literally (4-5 orders smaller)")
 
 
-def check_targets(spec) -> list[tuple[str, str]]:
+def check_targets(spec, params: SelfishParams) -> list[tuple[str, str]]:
     """The ``targets`` problems of a selfish method's spec (every one has the parameter)."""
-    targets, n = spec.method.hparams.targets, spec.federation.num_clients
+    targets, n = params.targets, spec.federation.num_clients
     if targets == "all" or (targets and len(set(targets)) == len(targets)
                             and all(0 <= t < n for t in targets)):
         return []
@@ -162,8 +162,8 @@ class FixedSelfish(PeerStepMethod):
     Params = SelfishParams
 
     @classmethod
-    def check(cls, spec):
-        return check_targets(spec)
+    def check(cls, spec, params):
+        return super().check(spec, params) + check_targets(spec, params)
 
     def learner_ids(self):
         return target_ids(self.params.targets, self.ctx.num_clients)
@@ -189,8 +189,8 @@ class SPCACW(PeerStepMethod):
     proposed_in = "SP-CACW: Convergence-Aware Client Weighting for Selfish Personalized Learning"
 
     @classmethod
-    def check(cls, spec):
-        return check_targets(spec)
+    def check(cls, spec, params):
+        return super().check(spec, params) + check_targets(spec, params)
 
     def learner_ids(self):
         return target_ids(self.params.targets, self.ctx.num_clients)
@@ -290,18 +290,19 @@ class SPCACW(PeerStepMethod):
         return {"alpha": rows} if rows else {}
 
     # ---- client half ----------------------------------------------------------------------
-    def learner_report(self, trainer, personal, data, seed, rnd):
+    def learner_upload(self, client, personal):
         """At the end of each pass over its data, a target estimates L on a fresh batch at its
         new weights and reports (L, κ = lr·L)."""
-        if rnd % epoch_length(data.n_train, trainer.batch_size):
+        trainer, data = client.trainer, client.data
+        if client.rnd % epoch_length(data.n_train, trainer.batch_size):
             return {}
-        gen = generator(seed, 0)
+        gen = generator(client.seed, 0)
         pick = torch.randperm(data.n_train, generator=gen)[: trainer.batch_size]
         pick = pick.to(data.x_train.device)
         trainer.load(personal["weights"])
         lipschitz = smoothness(trainer, data.x_train[pick], data.y_train[pick],
                                self.params.power_iters, gen)
-        return {"smoothness": torch.tensor([lipschitz, trainer.opt_cfg.lr * lipschitz])}
+        return {"smoothness": torch.tensor([lipschitz, client.optimizer.lr * lipschitz])}
 
 
 @register

@@ -23,7 +23,7 @@ import math
 import pandas as pd
 
 from raylf import results
-from raylf.config import ExperimentSpec
+from raylf.schema import ExperimentSpec
 
 RUN_FIELDS = ("name", "resources")
 DATA_DIGESTS = ("env.data_sha256", "env.partition_sha256")

@@ -8,10 +8,10 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from raylf.config import ExperimentSpec, validate
+from raylf.config import ResolvedSpec, validate
 from raylf.data.federation import Federation
 from raylf.data.scenarios import SCENARIOS
-from raylf.methods import METHODS, Method, MethodContext, build_method
+from raylf.methods import Method, MethodContext
 from raylf.models import SplitModel, build_model
 from raylf.seeding import derive
 from raylf.training.layout import ParamLayout, model_vector
@@ -22,9 +22,9 @@ REPLICATE_MAX_BYTES = 256 * 2**20  # client_data auto: the most training data co
 
 @dataclass
 class Blueprint:
-    """A validated spec plus its federation: enough to rebuild model, method and trainer."""
+    """A resolved spec plus its federation: enough to rebuild model, method and trainer."""
 
-    spec: ExperimentSpec
+    spec: ResolvedSpec
     federation: Federation
 
     def __reduce__(self):
@@ -44,11 +44,10 @@ class Blueprint:
         fed = self.federation
 
         def spec_model(outputs: int) -> SplitModel:
-            return build_model(self.spec.model.name, self.spec.model.params, fed.input_shape,
+            return build_model(self.spec.model.name, self.spec.model_params, fed.input_shape,
                                outputs)
 
-        return METHODS.get(self.spec.method.name).build_model(spec_model, fed,
-                                                              self.spec.method.hparams)
+        return self.spec.method_class.build_model(spec_model, fed, self.spec.method_params)
 
     @cached_property
     def layout(self) -> ParamLayout:
@@ -71,7 +70,7 @@ class Blueprint:
         return getattr(SCENARIOS.get(self.spec.scenario.name), "latent_groups", False)
 
     def method(self) -> Method:
-        return build_method(self.spec.method.name, self.spec.method.hparams, self.context())
+        return self.spec.method_class(self.spec.method_params, self.context())
 
     def trainer(self, device: torch.device) -> LocalTrainer:
         fed = self.spec.federation
@@ -96,7 +95,7 @@ class Blueprint:
         choice = self.spec.resources.client_data
         if choice != "auto":
             return choice == "replicated"
-        return (not METHODS.get(self.spec.method.name).personal_state
+        return (not self.spec.method_class.personal_state
                 and len(self.shards()) > 1
                 and self.federation.train_bytes() <= REPLICATE_MAX_BYTES)
 

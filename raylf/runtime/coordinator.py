@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from raylf import learning_check
-from raylf.methods.base import Uploads
+from raylf.methods.base import Phase, Uploads
 from raylf.metrics import summarize
 from raylf.runtime.blueprint import Blueprint
 from raylf.seeding import stream
@@ -38,8 +38,8 @@ class Pool(Protocol):
     def train(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
               extras: dict[int, dict]) -> list[dict[str, Any]]: ...
 
-    def collect(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
-                extras: dict[int, dict]) -> list[dict[str, Any]]: ...
+    def answer(self, number: int, rnd: int, payload: dict, work: dict[int, np.ndarray],
+               extras: dict[int, dict]) -> list[dict[str, Any]]: ...
 
     def evaluate(self, rnd: int, payload: dict, work: dict[int, np.ndarray],
                  extras: dict[int, dict]) -> list[dict]: ...
@@ -78,9 +78,12 @@ class Coordinator:
         return {int(s): client_ids[self.shard_of[client_ids] == s]
                 for s in np.unique(self.shard_of[client_ids])}
 
-    def _extras_by_worker(self, work: dict[int, np.ndarray], rnd: int) -> dict[int, dict]:
+    def _extras_by_worker(self, work: dict[int, np.ndarray], rnd: int,
+                          messages=None) -> dict[int, dict]:
+        """Per-client messages (the method's ``extras``, or a phase's ``messages``) grouped by
+        the worker that serves each client, each on a storage of its own."""
         everyone = np.concatenate(list(work.values()))
-        extras = self.method.extras(self.state, np.sort(everyone), rnd)
+        extras = (messages or self.method.extras)(self.state, np.sort(everyone), rnd)
         if not extras:
             return {}
         return {s: {int(c): map_leaves(extras[int(c)], own_storage, torch.Tensor)
@@ -131,9 +134,12 @@ class Coordinator:
             return RoundOutcome(record, diverged=True)
         self.state, diagnostics = self.method.aggregate(self.state, uploads, rnd)
         record.update(diagnostics)
-        request = self.method.collect(self.state, rnd)
-        if request is not None and _finite(self.state):
-            diverged = self._collect(rnd, request, record)
+        for number, phase in enumerate(self.method.phases(), start=1):
+            if diverged or not _finite(self.state):
+                break
+            request = phase.request(self.state, rnd)
+            if request is not None:
+                diverged = self._phase(number, phase, rnd, request, record)
         if diverged or not _finite(self.state):
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)
@@ -147,18 +153,24 @@ class Coordinator:
         record["round_s"] = time.perf_counter() - start
         return RoundOutcome(record, clients, tables=tables)
 
-    def _collect(self, rnd: int, payload: dict, record: dict[str, Any]) -> bool:
-        """Every client's report on ``payload``, folded into the server state; its bytes join
-        the round's. Returns whether a report's fit diverged."""
-        work = {s: ids for s, ids in enumerate(self.homes) if len(ids)}
-        extras = self._extras_by_worker(work, rnd)
+    def _phase(self, number: int, phase: Phase, rnd: int, payload: dict,
+               record: dict[str, Any]) -> bool:
+        """Phase ``number``'s answers to ``payload`` from the clients it asks (every client by
+        default), folded into the server state; its bytes join the round's. Returns whether an
+        answer's fit diverged."""
+        asked = np.arange(self.federation.num_clients) if phase.answering is None else \
+            np.sort(np.asarray(phase.answering(self.state, rnd), dtype=np.int64))
+        work = {s: ids[np.isin(ids, asked)] for s, ids in enumerate(self.homes)}
+        work = {s: ids for s, ids in work.items() if len(ids)}
+        extras = self._extras_by_worker(work, rnd, phase.messages or _no_messages) \
+            if work else {}
         uploads, _, up_bytes, _, diverged = self._gather(
-            self.pool.collect(rnd, payload, work, extras))
+            self.pool.answer(number, rnd, payload, work, extras) if work else [])
         record["bytes_up"] += int(up_bytes)
-        record["bytes_down"] += tensor_bytes(payload) * self.federation.num_clients + \
+        record["bytes_down"] += tensor_bytes(payload) * len(asked) + \
             sum(tensor_bytes(shard) for shard in extras.values())
         if not diverged:
-            self.state, diagnostics = self.method.receive_reports(self.state, uploads, rnd)
+            self.state, diagnostics = phase.receive(self.state, uploads, rnd)
             record.update(diagnostics)
         return diverged
 
@@ -275,6 +287,10 @@ def _improve(owner: np.ndarray, load: np.ndarray, sizes: np.ndarray) -> bool:
     load[busiest] -= shift
     load[other] += shift
     return True
+
+
+def _no_messages(state, client_ids, rnd) -> dict:
+    return {}
 
 
 def _finite(state: Any) -> bool:

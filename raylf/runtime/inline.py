@@ -1,6 +1,6 @@
 """The inline backend: a one-worker experiment trained in the calling process, which a Ray
 backend sets aside for it (a sweep trial's own, on a bundle holding the worker's resources:
-``raylf.sweep.plan``), every call bounded by ``resources.round_timeout_s`` as on Ray.
+``raylf.sweep.placement``), every call bounded by ``resources.round_timeout_s`` as on Ray.
 
 Why: on the Ray backend a one-worker trial starts a host actor beside its trial function
 (``RayHost``): a second process per trial slot importing torch, a second load of the data, and

@@ -21,8 +21,8 @@ class LocalPool:
         return [self.shards[s].train(rnd, payload, ids, extras.get(s, {}))
                 for s, ids in sorted(work.items())]
 
-    def collect(self, rnd, payload, work, extras):
-        return [self.shards[s].collect(rnd, payload, ids, extras.get(s, {}))
+    def answer(self, number, rnd, payload, work, extras):
+        return [self.shards[s].answer(number, rnd, payload, ids, extras.get(s, {}))
                 for s, ids in sorted(work.items())]
 
     def evaluate(self, rnd, payload, work, extras):

@@ -24,13 +24,13 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raylf.config import ResourceSpec
 from raylf.errors import SpecError, overran
 from raylf.runtime.blueprint import Blueprint
 from raylf.runtime.coordinator import Coordinator, RoundOutcome
 from raylf.runtime.local import hosting_pool
 from raylf.runtime.memory import keep_freed_memory, reset_peak_memory
 from raylf.runtime.shard import ClientShard
+from raylf.schema import ResourceSpec
 from raylf.tree import map_leaves, tensor_bytes
 
 PLACEMENT_TIMEOUT_S = 60.0
@@ -137,9 +137,9 @@ class RayShard(Reopenable, ClientShard):
         return convert_uploads(super().train(rnd, as_tensors(payload), client_ids, extras),
                                as_arrays)
 
-    def collect(self, rnd, payload, client_ids, extras):
-        return convert_uploads(super().collect(rnd, as_tensors(payload), client_ids, extras),
-                               as_arrays)
+    def answer(self, number, rnd, payload, client_ids, extras):
+        return convert_uploads(super().answer(number, rnd, as_tensors(payload), client_ids,
+                                              extras), as_arrays)
 
     def evaluate(self, rnd, payload, client_ids, extras):
         return super().evaluate(rnd, as_tensors(payload), client_ids, extras)
@@ -182,9 +182,10 @@ class RayPool:
             return ray.put(arrays)
         return arrays
 
-    def _round_call(self, call: str, rnd, payload, work, extras) -> list:
+    def _round_call(self, call: str, head: tuple, payload, work, extras) -> list:
+        """``call(*head, payload, client_ids, extras)`` on every worker with work."""
         ref = self._broadcast(payload, len(work))
-        return self._get(call, [getattr(self.actors[s], call).remote(rnd, ref, ids,
+        return self._get(call, [getattr(self.actors[s], call).remote(*head, ref, ids,
                                                                     extras.get(s, {}))
                                 for s, ids in sorted(work.items())])
 
@@ -195,14 +196,14 @@ class RayPool:
 
     def train(self, rnd, payload, work, extras):
         return [convert_uploads(r, as_tensors)
-                for r in self._round_call("train", rnd, payload, work, extras)]
+                for r in self._round_call("train", (rnd,), payload, work, extras)]
 
-    def collect(self, rnd, payload, work, extras):
+    def answer(self, number, rnd, payload, work, extras):
         return [convert_uploads(r, as_tensors)
-                for r in self._round_call("collect", rnd, payload, work, extras)]
+                for r in self._round_call("answer", (number, rnd), payload, work, extras)]
 
     def evaluate(self, rnd, payload, work, extras):
-        parts = self._round_call("evaluate", rnd, payload, work, extras)
+        parts = self._round_call("evaluate", (rnd,), payload, work, extras)
         return [row for part in parts for row in part]
 
     def save_personal(self, folder):

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 import torch
 
 from raylf import learning_check
-from raylf.methods.base import ClientUpdate, FitPlan, Share, score
+from raylf.methods.base import ClientRound, ClientUpdate, Deployment, FitPlan, Share
 from raylf.runtime.blueprint import Blueprint, describe_device, pick_device
 from raylf.runtime.memory import peak_memory
 from raylf.seeding import client_seed, derive
@@ -120,6 +120,7 @@ class ClientShard:
             else:
                 log.warning("%s: no cohort training (%s); clients train one after another",
                             blueprint.spec.model.name, reason)
+        self.phases = self.method.phases()
         self.personal: dict[int, Any] = {}
         if self.method.personal_state:
             init = blueprint.initial_vector()
@@ -127,6 +128,12 @@ class ClientShard:
 
     def _to_device(self, tree: Any) -> Any:
         return map_leaves(tree, lambda t: t.to(self.device, non_blocking=True), torch.Tensor)
+
+    def _client(self, cid: int, rnd: int, seed: int, payload: dict[str, torch.Tensor],
+                extras: dict[int, Any]) -> ClientRound:
+        """Client ``cid``'s view of a hook: what it received, its state and data, the seed."""
+        return ClientRound(rnd, self.data.client(cid), seed, self.trainer, self.trainer.optimizer,
+                           payload, self._to_device(self.personal.get(cid)), extras.get(cid))
 
     def _logged(self, run: Callable[[], ClientUpdate]) -> tuple[ClientUpdate, list[FitResult]]:
         """A client's update and every fit and gradient it ran (the trainer's log)."""
@@ -167,10 +174,9 @@ class ClientShard:
         """The one-shot setup uploads of ``client_ids`` (seeded as round 0, never a round)."""
 
         def step(cid: int):
-            seed = derive(self.seed, "client", 0, cid)
-            return self._logged(lambda: ClientUpdate(
-                self.method.setup(self.trainer, self.data.client(cid), seed),
-                self.personal.get(cid)))
+            client = self._client(cid, 0, derive(self.seed, "client", 0, cid), {}, {})
+            return self._logged(lambda: ClientUpdate(self.method.setup(client),
+                                                     self.personal.get(cid)))
 
         return self._run_clients(client_ids, step)
 
@@ -192,8 +198,7 @@ class ClientShard:
                 update, fits, dead = done[cid]
                 return _with_dead_units(update, dead), fits
             update, fits = self._logged(lambda: self.method.local_update(
-                self.trainer, payload, self._to_device(self.personal.get(cid)),
-                self.data.client(cid), seeds[cid], extras.get(cid), rnd=rnd))
+                self._client(cid, rnd, seeds[cid], payload, extras)))
             # only a model this round trained is probed: after gradients alone (the per-step
             # methods) the loaded weights are whatever an earlier round left, not a result
             if probe and fits and fits[-1].steps > 0:
@@ -220,13 +225,12 @@ class ClientShard:
         to the sequential path."""
         if self.cohort is None or len(client_ids) < 2 or not self.method.plans_updates:
             return None
-        plans = {int(c): self.method.plan(payload, self._to_device(self.personal.get(int(c))),
-                                          self.data.client(int(c)), extras.get(int(c)),
-                                          rnd=rnd)
+        plans = {int(c): self.method.plan(self._client(int(c), rnd, seeds[int(c)], payload,
+                                                       extras))
                  for c in client_ids}
         ids = [int(c) for c in client_ids]
         size = self.cohort.size(self.cohort_setting, len(ids), self.trainer.batch_size,
-                                tuple(self.data.train.x.shape[1:]))
+                                self.data.train.x)
         done: dict[int, tuple] = {}
         fits: dict[int, list[FitResult]] = {c: [] for c in ids}
         for block in cohorts(len(ids), size):
@@ -236,15 +240,18 @@ class ClientShard:
                 first = pending[stage[0]]
                 if len({plan.shape() for plan in pending.values()}) > 1:
                     self._sequential("the participants' plans differ in shape (trainable "
-                                     "parts, anchor, loss, targets or length)")
+                                     "parts, anchor, loss, targets, length, reference names "
+                                     "or optimizer)")
                     return None
                 members = [CohortMember(self.data.position[c], plan.start, plan.seed(seeds[c]),
-                                        plan.anchor, plan.mu, plan.penalty, plan.after_step)
+                                        plan.anchor, plan.mu, plan.terms, plan.references,
+                                        plan.after_step)
                            for c, plan in pending.items()]
                 try:
                     vectors, results = self.cohort.fit(
                         members, self.data.train, first.targets, trainable=first.trainable,
-                        loss_fn=first.loss_fn, epochs=first.epochs, max_steps=first.max_steps)
+                        loss_fn=first.loss_fn, epochs=first.epochs, max_steps=first.max_steps,
+                        optimizer=first.optimizer)
                 except RuntimeError as err:  # e.g. an op of the loss without a vmap rule
                     self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
                     return None
@@ -287,49 +294,82 @@ class ClientShard:
         log.warning("%s: training clients one after another: %s", self.method.name, reason)
         self.cohort = None
 
-    def collect(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
-                extras: dict[int, Any]) -> dict[str, Any]:
-        """Reports of ``client_ids`` after round ``rnd`` (seeded apart from their training)."""
+    def answer(self, number: int, rnd: int, payload: dict[str, torch.Tensor],
+               client_ids: np.ndarray, extras: dict[int, Any]) -> dict[str, Any]:
+        """The answers of ``client_ids`` to the method's phase ``number`` (from 1) of round
+        ``rnd``, each seeded apart from the client's training and other phases."""
         payload = self._to_device(payload)
+        answer = self.phases[number - 1].answer
 
         def step(cid: int):
-            return self._logged(lambda: self.method.report(
-                self.trainer, payload, self._to_device(self.personal.get(cid)),
-                self.data.client(cid), derive(self.seed, "client", rnd, cid, 1), extras.get(cid),
-                rnd=rnd))
+            seed = derive(self.seed, "client", rnd, cid, number)
+            return self._logged(lambda: answer(self._client(cid, rnd, seed, payload, extras)))
 
         return self._run_clients(client_ids, step)
 
     def evaluate(self, rnd: int, payload: dict[str, torch.Tensor], client_ids: np.ndarray,
                  extras: dict[int, Any]) -> list[dict[str, Any]]:
-        """``client_ids`` (a contiguous run of hosted clients), each with its deployable model(s)
-        on its own test split, and on its validation split when the scenario has one."""
+        """``client_ids`` (a contiguous run of hosted clients, or a sample of them), each with
+        the models it deploys on its own test split, and on its validation split when the
+        scenario has one: one forward pass over the block for a ``shared`` evaluation, many
+        clients' models per batched pass when the worker trains in cohorts, else one model at a
+        time. A client deploys once per round, whatever the splits."""
         payload = self._to_device(payload)
         ids = [int(c) for c in client_ids]
         if not ids:
             return []
+
+        def deployment(cid: int) -> Deployment:
+            return self.method.deploy(self._client(cid, rnd, derive(self.seed, "evaluate", rnd,
+                                                                    cid), payload, extras))
+
+        shared = deployment(ids[0]) if self.method.evaluation == "shared" else None
+        deployed = {c: shared or deployment(c) for c in ids}
         rows = []
-        for number, split in enumerate(self.splits):
-            if self.method.evaluation == "shared":
-                per_client = self._shared_rows(payload, client_ids, split)
-            elif self.method.evaluation == "per_client" and self.cohort is not None:
-                per_client = self._cohort_rows(payload, client_ids, extras, split)
-            else:
-                per_client = [self.method.evaluate(
-                    self.trainer, payload, self._to_device(self.personal.get(c)),
-                    self.data.client(c).evaluated_on(split), extras.get(c),
-                    rnd=rnd, seed=derive(self.seed, "evaluate", rnd, c, number)) for c in ids]
-            groups, labels = self.data.groups, self.data.split(split)
-            for c, client_rows in zip(ids, per_client):
-                span = labels.rows(self.data.position[c])
-                for row in client_rows:
+        for split in self.splits:
+            scored = None
+            if shared is not None:
+                scored = self._shared_rows(shared, ids, split)
+            elif self.cohort is not None:
+                try:
+                    scored = self._cohort_rows(deployed, split)
+                except RuntimeError as err:  # e.g. an op of the model without a vmap rule
+                    self._sequential(f"vmap failed: {str(err).splitlines()[0]}")
+            if scored is None:
+                scored = self._sequential_rows(deployed, split)
+            rows += self._client_rows(rnd, split, deployed, scored)
+        return rows
+
+    def _client_rows(self, rnd: int, split: str, deployed: dict[int, Deployment],
+                     scored: dict[tuple[int, str], list[dict]]) -> list[dict[str, Any]]:
+        """Clients-table rows from each (client, deployable)'s scores: who, where, the
+        constant predictor's rate, the scores, the deployment's columns, and the gain over
+        ``gain_over`` on the reported deployable's rows."""
+        groups, labels = self.data.groups, self.data.split(split)
+        reported, reference = self.method.deployables[0], self.method.gain_over
+        rows = []
+        for c, deployment in deployed.items():
+            span = labels.rows(self.data.position[c])
+            for name in deployment.models:
+                for row in scored[c, name]:
+                    extra = dict(deployment.columns.get(name, {}))
+                    if reference is not None and name == reported:
+                        base = next(r for r in scored[c, reference] if r["task"] == row["task"])
+                        extra["accuracy_gain"] = None if row["accuracy"] is None or \
+                            base["accuracy"] is None else row["accuracy"] - base["accuracy"]
                     rows.append({"round": rnd, "client_id": c,
                                  "group": int(groups[self.data.position[c]]),
                                  "n_train": int(self.n_train[c]), "split": split,
-                                 "deployable": self.method.deployables[0],
+                                 "deployable": name,
                                  "majority_rate": self._majority(labels, row["task"], span),
-                                 **row})
+                                 **row, **extra})
         return rows
+
+    def _targets(self, split, rows):
+        """The evaluation targets the method scores against: labels, or ``{task: labels}``."""
+        if self.method.targets == "labels":
+            return split.y[rows]
+        return {task: labels[rows] for task, labels in split.tasks.items()}
 
     @staticmethod
     def _majority(split, task: str, span: slice) -> float | None:
@@ -338,47 +378,64 @@ class ClientShard:
         labels = split.y if task == "main" else split.tasks.get(task)
         return None if labels is None else learning_check.majority_rate(labels[span])
 
-    def _shared_rows(self, payload, client_ids: np.ndarray, split: str) -> list[list[dict]]:
-        """One forward pass over the whole block with the broadcast model, scored per client."""
-        self.trainer.load(self.method.deployable(payload, None, None))
+    def _shared_rows(self, shared: Deployment, ids: list[int],
+                     split: str) -> dict[tuple[int, str], list[dict]]:
+        """Each shared model in one forward pass over the whole block, scored per client."""
         data = self.data.split(split)
-        spans = [data.rows(self.data.position[int(c)]) for c in client_ids]
+        spans = [data.rows(self.data.position[c]) for c in ids]
         if all(a.stop == b.start for a, b in zip(spans, spans[1:])):  # a contiguous block
             rows = slice(spans[0].start, spans[-1].stop)
         else:  # a sample of clients (eval_clients)
             rows = torch.cat([torch.arange(r.start, r.stop) for r in spans]).to(self.device)
-        logits, y = self.trainer.predict(data.x[rows]), data.y[rows]
-        per_client, at = [], 0
-        for span in spans:
-            n = span.stop - span.start
-            per_client.append([score(logits[at: at + n], y[at: at + n])])
-            at += n
-        return per_client
+        scored = {}
+        for name, model in shared.models.items():
+            self.trainer.load(model)
+            logits, at = self.trainer.predict(data.x[rows]), 0
+            for c, span in zip(ids, spans):
+                n = span.stop - span.start
+                scored[c, name] = self.method.scores(
+                    logits[at: at + n], self._targets(data, slice(span.start, span.stop)))
+                at += n
+        return scored
 
-    def _cohort_rows(self, payload, client_ids: np.ndarray, extras: dict[int, Any],
-                     split: str) -> list[list[dict]]:
-        """Each client's own deployable on its own rows, many clients per batched pass (inputs
-        padded to the largest client of the cohort)."""
-        data, ids = self.data.split(split), [int(c) for c in client_ids]
-        spans = [data.rows(self.data.position[c]) for c in ids]
-        size = self.cohort.size(self.cohort_setting, len(ids), max(
-            s.stop - s.start for s in spans) or 1, tuple(data.x.shape[1:]))
-        per_client = []
-        for block in cohorts(len(ids), size):
-            vectors = torch.stack([self.method.deployable(
-                payload, self._to_device(self.personal.get(c)), extras.get(c))
-                for c in ids[block]])
+    def _sequential_rows(self, deployed: dict[int, Deployment],
+                         split: str) -> dict[tuple[int, str], list[dict]]:
+        """Each client's models loaded and run on its own rows, one at a time."""
+        data, scored = self.data.split(split), {}
+        for c, deployment in deployed.items():
+            span = data.rows(self.data.position[c])
+            for name, model in deployment.models.items():
+                self.trainer.load(model)
+                scored[c, name] = self.method.scores(self.trainer.predict(data.x[span]),
+                                                     self._targets(data, span))
+        return scored
+
+    def _cohort_rows(self, deployed: dict[int, Deployment],
+                     split: str) -> dict[tuple[int, str], list[dict]]:
+        """Every client's models on its own rows, many per batched pass (inputs padded to the
+        largest client of the batch)."""
+        data = self.data.split(split)
+        models = [(c, name, model) for c, deployment in deployed.items()
+                  for name, model in deployment.models.items()]
+        spans = [data.rows(self.data.position[c]) for c, _, _ in models]
+        if not models:
+            return {}
+        size = self.cohort.size(self.cohort_setting, len(models), max(
+            s.stop - s.start for s in spans) or 1, data.x)
+        scored = {}
+        for block in cohorts(len(models), size):
             longest = max(s.stop - s.start for s in spans[block])
             if longest == 0:  # nobody in this block has rows in this split
-                per_client += [[score(data.y[:0], data.y[:0])] for _ in spans[block]]
-                continue
-            index = torch.stack([torch.arange(longest, device=self.device) + s.start
-                                 for s in spans[block]]).clamp(max=len(data.y) - 1)
-            logits = self.cohort.predict(vectors, data.x[index])
-            for out, span in zip(logits, spans[block]):
-                n = span.stop - span.start
-                per_client.append([score(out[:n], data.y[span])])
-        return per_client
+                outputs = [data.x.new_zeros(0)] * (block.stop - block.start)
+            else:
+                index = torch.stack([torch.arange(longest, device=self.device) + s.start
+                                     for s in spans[block]]).clamp(max=len(data.y) - 1)
+                outputs = self.cohort.predict(torch.stack([m for _, _, m in models[block]]),
+                                              data.x[index])
+            for (c, name, _), out, span in zip(models[block], outputs, spans[block]):
+                scored[c, name] = self.method.scores(out[: span.stop - span.start],
+                                                     self._targets(data, span))
+        return scored
 
     # ---- checkpoints of personal state -----------------------------------------------------
     def save_personal(self, folder: str) -> None:

@@ -7,18 +7,18 @@ import json
 from typing import Any
 
 from raylf import results
-from raylf.config import SpecError
-from raylf.sweep.spec import SearchPlan, SweepSpec, Trial
+from raylf.errors import SpecError
+from raylf.sweep.spec import SearchedMethod, SweepSpec, Trial
 from raylf.sweep.writable import unusable
 
 
 def sweep_identity(sweep: SweepSpec, trials: list[Trial],
-                   plans: list[SearchPlan]) -> dict[str, Any]:
+                   searches: list[SearchedMethod]) -> dict[str, Any]:
     """What a resumed sweep directory must hold the same: its trials, and for a search sweep
     every search and what is replicated."""
     identity: dict[str, Any] = {"trial_ids": sorted(t.trial_id for t in trials)}
-    if plans:
-        identity.update(searches=[p.identity() for p in plans], seeds=sweep.seeds,
+    if searches:
+        identity.update(searches=[p.identity() for p in searches], seeds=sweep.seeds,
                         top_k=sweep.top_k)
     return identity
 

@@ -15,16 +15,21 @@ import ray
 
 import raylf.sweep
 from raylf import results, storage
-from raylf.config import SpecError
+from raylf.errors import SpecError
 from raylf.preflight import check_runnable
 from raylf.raycluster import Capacity, local_totals
-from raylf.recipes import cluster_recipe
 from raylf.sweep import estimate, smoke
 from raylf.sweep.claim import check_same_sweep, claim, claimed, sweep_identity
 from raylf.sweep.leaderboard import leaderboard, render
 from raylf.sweep.load import load_specs
 from raylf.sweep.notices import data_notices
-from raylf.sweep.plan import check_plan, concurrent_fit, describe_plan, resource_lines
+from raylf.sweep.placement import (
+    check_placement,
+    concurrent_fit,
+    describe_placement,
+    resource_lines,
+)
+from raylf.sweep.recipes import cluster_recipe
 from raylf.sweep.stages import GridStage, describe_search, search_then_replicate
 from raylf.sweep.trackers import TRACKERS, tracker_callbacks
 from raylf.sweep.tuner import Interrupted, run_stage
@@ -103,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     base = args.storage or default_storage()
     try:
         loaded = load_specs(args, overrides)
-        sweep, trials, plans, probes = loaded.sweep, loaded.trials, loaded.plans, loaded.probes
+        sweep, trials, probes = loaded.sweep, loaded.trials, loaded.probes
+        searches = loaded.searches
         check = check_runnable([t.spec for t in trials + probes], missing_ok=args.dry_run)
         root = f"{base.rstrip('/')}/{sweep.name}"
         trackers = tracker_callbacks(args.log, root, sweep.name)
-        identity = sweep_identity(sweep, trials, plans)
+        identity = sweep_identity(sweep, trials, searches)
         if not args.dry_run:
             check_same_sweep(root, identity)
         if args.resume and not claimed(root):
@@ -121,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     wanted_gpus = max(t.spec.resources.gpus_per_worker for t in sizing)
 
     def describe(cluster: Capacity, where: str, listing: bool = True) -> list[str]:
-        if not plans:
-            return describe_plan(sweep, trials, cluster, where, listing)
-        return describe_search(sweep, plans, trials) + resource_lines(sweep, sizing, cluster,
+        if not searches:
+            return describe_placement(sweep, trials, cluster, where, listing)
+        return describe_search(sweep, searches, trials) + resource_lines(sweep, sizing, cluster,
                                                                       where)
 
     notices = data_notices(check, loaded)
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if local is not None and not ray.is_initialized():
         try:  # a local Ray that could never host the plan is not started
-            check_plan(sizing, local)
+            check_placement(sizing, local)
         except SpecError as err:
             print(err, file=sys.stderr)
             return EXIT_SPEC
@@ -157,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = capacity()
     try:
         if cluster.most is not None:  # else trials wait for the nodes an autoscaler adds
-            check_plan(sizing, cluster.most)
+            check_placement(sizing, cluster.most)
         check_storage(root)  # after the plan: impossible resources leave no directory behind
     except SpecError as err:
         print(err, file=sys.stderr)
@@ -174,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                   trackers=trackers)
     started = time.perf_counter()
     try:
-        if plans:
-            trials, choices, failed = search_then_replicate(sweep, plans, trials, base, run)
+        if searches:
+            trials, choices, failed = search_then_replicate(sweep, searches, trials, base, run)
         else:
             grid = run(GridStage(trials, sweep.name, base))
             choices, failed = {}, any(result.error is not None for result in grid)
@@ -213,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     if compacted:
         print(f"one file per table: {root}/{results.COMPACT}/tables/<table>/<table>.parquet "
               "(pandas, polars and duckdb read each as it is)")
-    if plans:
+    if searches:
         print(f"search tables (validation, never reported): {root}/search/tables/  "
               f"load them with raylf.results.load({root + '/search'!r})")
     if "tensorboard" in args.log:

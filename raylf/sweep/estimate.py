@@ -34,20 +34,20 @@ import statistics
 from dataclasses import dataclass
 
 from raylf import results
-from raylf.config import ExperimentSpec, validate
+from raylf.config import ResolvedSpec, validate
 from raylf.errors import SpecError
 from raylf.experiment import default_trial_id
 from raylf.raycluster import Capacity
 from raylf.sweep.console import duration
-from raylf.sweep.plan import concurrent_fit, describe_resources, trial_needs
+from raylf.sweep.placement import concurrent_fit, describe_resources, trial_needs
 from raylf.sweep.smoke import configuration, distinct, standin_inputs
-from raylf.sweep.spec import SearchPlan, Trial
+from raylf.sweep.spec import SearchedMethod, Trial
 
 ESTIMATE_ROUNDS = 3  # the least timed: round 1 also warms up
 
 
 @dataclass(frozen=True)
-class EstimatePlan:
+class TimingRun:
     trials: list[Trial]  # the timing trials, one per configuration
     timed: dict[str, str]  # configuration → the id of the timing trial that costs it
     notes: list[str]
@@ -72,13 +72,13 @@ class Estimate:
     startup_s: float  # starting a slot's actor processes, paid once per slot (not per trial)
 
 
-def timed_rounds(spec: ExperimentSpec, rounds: int) -> int:
+def timed_rounds(spec: ResolvedSpec, rounds: int) -> int:
     """R' of the module docstring: at least ``rounds``, a tenth of a long run, never past R."""
     return min(spec.federation.rounds, max(rounds, math.ceil(spec.federation.rounds / 10)))
 
 
-def timing_spec(spec: ExperimentSpec, rounds: int, dataset_root: str | None = None,
-                weights: str | None = None) -> ExperimentSpec:
+def timing_spec(spec: ResolvedSpec, rounds: int, dataset_root: str | None = None,
+                weights: str | None = None) -> ResolvedSpec:
     """The configuration's timing trial: its first :func:`timed_rounds` rounds (reading
     ``dataset_root`` / ``weights`` instead of data and weights that are not here)."""
     raw = spec.to_dict()
@@ -90,7 +90,7 @@ def timing_spec(spec: ExperimentSpec, rounds: int, dataset_root: str | None = No
     return validate(raw)
 
 
-def _without(spec: ExperimentSpec, *fields: str) -> str:
+def _without(spec: ResolvedSpec, *fields: str) -> str:
     """``spec`` but its seed and ``fields`` (a scenario keeps its validation share, which
     changes how much each client trains on)."""
     raw = {k: v for k, v in spec.to_dict().items() if k != "seed"}
@@ -109,14 +109,14 @@ SHARED_BY = (("configuration", lambda spec: _without(spec)),
              ("scenario and dataset", lambda spec: _without(spec, "scenario", "dataset")))
 
 
-def plan(trials: list[Trial], rounds: int = ESTIMATE_ROUNDS, budget: int | None = None,
-         standins: bool = True) -> EstimatePlan:
+def timing_run(trials: list[Trial], rounds: int = ESTIMATE_ROUNDS, budget: int | None = None,
+         standins: bool = True) -> TimingRun:
     """One timing trial per distinct configuration of ``trials``; with a ``budget`` of timing
     trials, one per class of the finest :data:`SHARED_BY` key with at most ``budget`` classes,
     costing every configuration of a class as its first. A dataset that is not fetched is read
     from its stand-in at the real size, ImageNet weights that are not in torch's hub cache
     from stand-in weights: a round's compute depends on how many samples of which shape and
-    on the tensors' shapes, not on their content (``standins=False``, for a plan that runs
+    on the tensors' shapes, not on their content (``standins=False``, for a run that
     nothing: none are written, the data still to fetch are listed)."""
     configs = distinct(trials)
     level = 0
@@ -151,16 +151,16 @@ def plan(trials: list[Trial], rounds: int = ESTIMATE_ROUNDS, budget: int | None 
         notes.append(f"{len(borrowed)} of {len(timed)} configurations are not timed "
                      f"(--estimate-budget {budget}): each is costed as the timed configuration "
                      f"that differs from it only in its {what} (marked ~ below)")
-    return EstimatePlan(timing, timed, notes, frozenset(borrowed))
+    return TimingRun(timing, timed, notes, frozenset(borrowed))
 
 
-def held(spec: ExperimentSpec, kind: str) -> float:
-    """GPUs or CPUs one trial of ``spec`` holds: its bundles (``raylf.sweep.plan``), so a trial
+def held(spec: ResolvedSpec, kind: str) -> float:
+    """GPUs or CPUs one trial of ``spec`` holds: its bundles (``raylf.sweep.placement``), so a trial
     that trains in its own process counts no coordinator."""
     return trial_needs(spec).get(kind, 0.0)
 
 
-def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[SearchPlan],
+def costs(root: str, estimate: TimingRun, trials: list[Trial], searches: list[SearchedMethod],
           probes: list[Trial], stage_wall_s: float, concurrency: int = 1,
           replicates: int = 0) -> Estimate:
     """Each configuration's cost per trial from its timing trial's tables (see module doc);
@@ -198,7 +198,7 @@ def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[Se
         startup = max(startup, timed[cold][0] - warm)
         timed[cold] = (min(timed[cold][0], warm),) + timed[cold][1:]
 
-    def cost(spec: ExperimentSpec) -> tuple[float, float, float]:
+    def cost(spec: ResolvedSpec) -> tuple[float, float, float]:
         fixed, per_round = timed[estimate.timed[configuration(spec)]]
         return fixed, per_round, sweep_s + fixed + spec.federation.rounds * per_round
 
@@ -212,7 +212,7 @@ def costs(root: str, estimate: EstimatePlan, trials: list[Trial], plans: list[Se
         out.append(Cost(f"{spec.name} · {group[0].label.rsplit(' seed=', 1)[0]}", len(group),
                         fixed, per_round, total, held(spec, "GPU"), held(spec, "CPU"),
                         configuration(spec) not in estimate.borrowed))
-    for search in plans:  # stage 1 at its budget, stage 2 at top_k × seeds, at the probes' mean
+    for search in searches:  # stage 1 at its budget, stage 2 at top_k × seeds, at the probes' mean
         mine = [p for p in probes if p.spec.method.name == search.entry.name]
         each = statistics.fmean(cost(p.spec)[2] for p in mine)
         spec = mine[0].spec
@@ -259,12 +259,12 @@ def summary(root: str, loaded, stage_wall_s: float, cluster: Capacity, where: st
             recipe) -> str:
     """The estimate of the spec's sweep from the timing trials just run (``loaded``: the
     estimate run's ``raylf.sweep.load.Loaded``)."""
-    sweep, trials, plans, probes = loaded.original
+    sweep, trials, searches, probes = loaded.original
     sizing = trials + probes
     here = sweep.max_concurrent or (concurrent_fit(sizing, cluster.most) if cluster.most
                                     else len(sizing))
     timed_at = loaded.sweep.max_concurrent or min(here, len(loaded.trials))
-    estimated = costs(root, loaded.mode, trials, plans, probes, stage_wall_s, timed_at,
+    estimated = costs(root, loaded.mode, trials, searches, probes, stage_wall_s, timed_at,
                       replicates=sweep.top_k * len(sweep.seeds))
     slots = [("at the spec's concurrency" if sweep.max_concurrent else f"on {where}", here)]
     if recipe is not None:

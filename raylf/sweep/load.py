@@ -1,4 +1,4 @@
-"""What a sweep command runs: its spec file loaded into trials (and search plans and probes), or
+"""What a sweep command runs: its spec file loaded into trials (and search searches and probes), or
 several spec files' distinct configurations turned into a smoke or estimate run."""
 
 from __future__ import annotations
@@ -8,22 +8,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raylf.config import SpecError
+from raylf.errors import SpecError
 from raylf.sweep import estimate, smoke
-from raylf.sweep.spec import SweepSpec, Trial, load_sweep, search_plans
+from raylf.sweep.spec import SweepSpec, Trial, load_sweep, searched_methods
 
 
 @dataclass
 class Loaded:
-    """What the driver runs: the sweep, its trials (and search plans and probes); for a smoke or
+    """What the driver runs: the sweep, its trials (and search searches and probes); for a smoke or
     estimate run the derived sweep and ``mode``'s trials, the spec's own kept in ``original``."""
 
     sweep: SweepSpec
     trials: list[Trial]
-    plans: list
+    searches: list
     probes: list[Trial]
-    mode: Any = None  # SmokePlan | EstimatePlan
-    original: tuple | None = None  # (sweep, trials, plans, probes) the mode was derived from
+    mode: Any = None  # SmokeRun | TimingRun
+    original: tuple | None = None  # (sweep, trials, searches, probes) the mode was derived from
 
 
 def load_specs(args: argparse.Namespace, overrides: list[str]) -> Loaded:
@@ -41,22 +41,22 @@ def load_specs(args: argparse.Namespace, overrides: list[str]) -> Loaded:
     loaded = []
     for path in args.spec:
         sweep, trials = load_sweep(path, overrides)
-        plans, probes = search_plans(sweep, Path(path).parent, path) if sweep.searched \
+        searches, probes = searched_methods(sweep, Path(path).parent, path) if sweep.searched \
             else ([], [])
-        loaded.append((sweep, trials, plans, probes))
+        loaded.append((sweep, trials, searches, probes))
     everything = [t for one in loaded for t in one[1] + one[3]]
     if args.smoke:
         if args.smoke_rounds < 1:
             raise SpecError([("--smoke-rounds", "give at least 1 round")])
         # a searched method is smoke-run at its probes: every end of its space, every choice
-        mode = smoke.plan(everything, args.smoke_rounds, paths=args.smoke_paths)
+        mode = smoke.smoke_run(everything, args.smoke_rounds, paths=args.smoke_paths)
         name = args.name or (f"{loaded[0][0].name}-smoke" if len(loaded) == 1 else "smoke")
     elif args.estimate:
         if args.estimate_rounds < 1:
             raise SpecError([("--estimate-rounds", "give at least 1 round")])
         if args.estimate_budget is not None and args.estimate_budget < 1:
             raise SpecError([("--estimate-budget", "give at least 1 timing trial")])
-        mode = estimate.plan(everything, args.estimate_rounds, args.estimate_budget,
+        mode = estimate.timing_run(everything, args.estimate_rounds, args.estimate_budget,
                              standins=not args.dry_run)
         name = args.name or f"{loaded[0][0].name}-estimate"
     elif len(loaded) == 1:

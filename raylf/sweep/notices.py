@@ -3,7 +3,7 @@ loudly every dataset a run reads as stand-in content, and what a smoke or estima
 
 from __future__ import annotations
 
-from raylf.config import ExperimentSpec
+from raylf.config import ResolvedSpec
 from raylf.preflight import DataCheck
 from raylf.sweep.load import Loaded
 from raylf.sweep.smoke import PRETRAINED, hub_file
@@ -24,13 +24,13 @@ def to_fetch(name: str, root: str) -> str:
             f"{root}: python -m raylf.datasets fetch {name} --root {root}")
 
 
-def missing_weights(specs: list[ExperimentSpec]) -> list[str]:
+def missing_weights(specs: list[ResolvedSpec]) -> list[str]:
     """Pretrained weights the specs name that are not in torch's hub cache yet."""
     import torchvision.models as tvm
 
     lines = []
     for model in sorted({s.model.name for s in specs
-                         if getattr(s.model.params, "weights", None) == "imagenet"}):
+                         if getattr(s.model_params, "weights", None) == "imagenet"}):
         if model in PRETRAINED and not hub_file(model).is_file():
             weights = getattr(tvm, PRETRAINED[model]).IMAGENET1K_V1
             lines.append(f"to fetch: {model} ImageNet weights, "
@@ -49,11 +49,11 @@ def data_notices(check: DataCheck, loaded: Loaded) -> list[str]:
 
         lines += [notice(name) for name in check.standins()]
     kind = type(loaded.mode).__name__
-    if kind == "SmokePlan":
+    if kind == "SmokeRun":
         lines.append(f"smoke: {len(loaded.trials)} distinct configuration(s), one seed each, "
                      "resources shrunk to one machine; these tables test that the specs run and "
                      "say nothing about accuracy")
-    elif kind == "EstimatePlan":
+    elif kind == "TimingRun":
         lines.append(f"estimate: timing {len(loaded.trials)} configuration(s) as many at once "
                      "as the sweep would run them, for at most "
                      f"{max(t.spec.federation.rounds for t in loaded.trials)} round(s) each")

@@ -30,7 +30,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.repeater import TRIAL_INDEX
 
 from raylf import results, seeding
-from raylf.sweep.spec import Distribution, SearchPlan, Trial
+from raylf.sweep.spec import Distribution, SearchedMethod, Trial
 
 SELECTION = "selection"  # the table of chosen points, next to the search trials' tables
 
@@ -53,8 +53,8 @@ def _to_tune(dist: Distribution):
     return tune.choice(dist.args) if dist.kind == "choice" else make[dist.kind](*dist.args)
 
 
-def search_seed(plan: SearchPlan) -> int:
-    return seeding.derive(plan.seeds[0], "search", plan.index) % 2**32
+def search_seed(searched: SearchedMethod) -> int:
+    return seeding.derive(searched.seeds[0], "search", searched.index) % 2**32
 
 
 def startup_samples(samples: int) -> int:
@@ -109,45 +109,45 @@ class SearchStage:
     """One searched method as a Tune experiment: its space, searcher and scheduler, and the
     trial each Tune config stands for."""
 
-    def __init__(self, plan: SearchPlan, sweep: str, root: str):
-        self.plan, self.sweep = plan, sweep
+    def __init__(self, searched: SearchedMethod, sweep: str, root: str):
+        self.searched, self.sweep = searched, sweep
         self.root = f"{root}/search"  # tables, attempts and checkpoints of the search trials
-        self.storage_path, self.name = self.root, plan.key
-        self.path = f"{self.root}/{plan.key}"
-        self.objective = plan.search.objective
-        self.scheduled = plan.search.scheduler is not None
-        self.extra = {"search": plan.key}
+        self.storage_path, self.name = self.root, searched.key
+        self.path = f"{self.root}/{searched.key}"
+        self.objective = searched.search.objective
+        self.scheduled = searched.search.scheduler is not None
+        self.extra = {"search": searched.key}
         self.width = 0  # labels are known once the searcher proposes them
-        self.planned = plan.points * len(plan.seeds)
-        self.rounds = self.planned * plan.rounds
+        self.planned = searched.points * len(searched.seeds)
+        self.rounds = self.planned * searched.rounds
 
     def trial(self, config: dict[str, Any]) -> Trial:
-        seed = config["seed"] if "seed" in config else self.plan.seeds[config[TRIAL_INDEX]]
+        seed = config["seed"] if "seed" in config else self.searched.seeds[config[TRIAL_INDEX]]
         point = {k: v for k, v in config.items() if k not in ("method", "seed", TRIAL_INDEX)}
-        return self.plan.trial(point, seed)
+        return self.searched.trial(point, seed)
 
     def owns(self, row: dict[str, Any]) -> bool:
         """Whether a row of the search tables is one of this stage's trials."""
-        return row.get("search") == self.plan.key
+        return row.get("search") == self.searched.key
 
     def tune_setup(self, max_concurrent: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """Tune's param_space and the TuneConfig fields that define the search."""
-        search, seeds = self.plan.search, list(self.plan.seeds)
+        search, seeds = self.searched.search, list(self.searched.seeds)
         scheduler: dict[str, Any] = {}
         if search.scheduler is not None:
             scheduler["scheduler"] = RecordedASHA(
                 self.path, time_attr="round", metric=search.objective, mode=search.mode,
-                max_t=self.plan.rounds, grace_period=search.scheduler.grace_rounds,
+                max_t=self.searched.rounds, grace_period=search.scheduler.grace_rounds,
                 reduction_factor=search.scheduler.reduction_factor)
-        method = {"method": self.plan.entry.name}  # shown in Tune's config, not searched
+        method = {"method": self.searched.entry.name}  # shown in Tune's config, not searched
         if search.algorithm == "grid":
-            space = {k: tune.grid_search(v) for k, v in self.plan.axes.items()}
+            space = {k: tune.grid_search(v) for k, v in self.searched.axes.items()}
             return {**method, **space, "seed": tune.grid_search(seeds)}, {
                 "num_samples": 1, "max_concurrent_trials": max_concurrent, **scheduler}
         space = {**method, **{k: _to_tune(d) for k, d in search.space.items()}}
         if search.algorithm == "random":
             searcher = BasicVariantGenerator(constant_grid_search=True,
-                                             random_state=search_seed(self.plan),
+                                             random_state=search_seed(self.searched),
                                              max_concurrent=max_concurrent)
             return {**space, "seed": tune.grid_search(seeds)}, {
                 "search_alg": searcher, "num_samples": search.samples, **scheduler}
@@ -155,7 +155,7 @@ class SearchStage:
         from ray.tune.search.optuna import OptunaSearch
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        sampler = optuna.samplers.TPESampler(seed=search_seed(self.plan),
+        sampler = optuna.samplers.TPESampler(seed=search_seed(self.searched),
                                              n_startup_trials=startup_samples(search.samples))
         searcher = Repeater(OptunaSearch(metric=search.objective, mode=search.mode,
                                          sampler=sampler), repeat=len(seeds))
@@ -193,7 +193,7 @@ def _last_round(root: str, trial_id: str) -> int:
 def choose(stage: SearchStage, trials: list[Trial], top_k: int) -> list[Choice]:
     """The ``top_k`` points of the stage's ``trials`` by mean objective over the search seeds;
     a point counts only if every one of its seeds ended ``ok`` (never a stopped trial)."""
-    plan, search = stage.plan, stage.plan.search
+    searched, search = stage.searched, stage.searched.search
     rows = {t.trial_id: results.read_trial(stage.root, t.trial_id) or {"status": "failed"}
             for t in trials}
     by_point: dict[str, list[Trial]] = {}
@@ -204,12 +204,12 @@ def choose(stage: SearchStage, trials: list[Trial], top_k: int) -> list[Choice]:
     scored = []
     for key, group in by_point.items():
         values = [objective_value(rows[t.trial_id], search.objective) for t in group]
-        if len(group) == len(plan.seeds) and None not in values and \
+        if len(group) == len(searched.seeds) and None not in values and \
                 all(rows[t.trial_id]["status"] == "ok" for t in group):
             scored.append((statistics.fmean(values), key, group))
     sign = -1 if search.mode == "max" else 1
     scored.sort(key=lambda s: (sign * s[0], s[1]))
-    return [Choice(plan.key, plan.entry.name, rank, group[0].point, score, search.objective,
+    return [Choice(searched.key, searched.entry.name, rank, group[0].point, score, search.objective,
                    search.mode, sorted(t.trial_id for t in group), len(by_point), len(trials),
                    len(stopped), saved)
             for rank, (score, _, group) in enumerate(scored[:top_k], 1)]
@@ -218,14 +218,14 @@ def choose(stage: SearchStage, trials: list[Trial], top_k: int) -> list[Choice]:
 def write_choices(stage: SearchStage, choices: list[Choice]) -> None:
     rows = [{**asdict(c), "point": json.dumps(c.point, sort_keys=True),
              "trials": json.dumps(c.trials)} for c in choices]
-    meta = results.provenance({"search": stage.plan.identity()})
-    results.write_table(stage.root, SELECTION, stage.plan.key, results.to_table(rows, meta))
+    meta = results.provenance({"search": stage.searched.identity()})
+    results.write_table(stage.root, SELECTION, stage.searched.key, results.to_table(rows, meta))
 
 
 def read_choices(stage: SearchStage) -> list[Choice] | None:
     """The stage's chosen points if its search has finished (an empty list: none qualified)."""
     fs, base = results.filesystem(stage.root)
-    path = f"{base}/tables/{SELECTION}/{stage.plan.key}.parquet"
+    path = f"{base}/tables/{SELECTION}/{stage.searched.key}.parquet"
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     rows = pq.read_table(path, filesystem=fs).to_pylist()

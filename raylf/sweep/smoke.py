@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from raylf import results
-from raylf.config import ExperimentSpec, validate
+from raylf.config import ResolvedSpec, validate
 from raylf.experiment import default_trial_id
-from raylf.methods import METHODS
 from raylf.sweep.console import last_line
 from raylf.sweep.spec import Trial
 
@@ -50,7 +49,7 @@ SMOKE_GPU_SHARE = 0.25
 
 
 @dataclass(frozen=True)
-class SmokePlan:
+class SmokeRun:
     trials: list[Trial]
     notes: list[str]  # what was replaced by a stand-in, for the console
 
@@ -59,12 +58,12 @@ class SmokePlan:
 PRETRAINED = {"resnet18": "ResNet18_Weights", "mobilenet_v2": "MobileNet_V2_Weights"}
 
 
-def configuration(spec: ExperimentSpec) -> str:
+def configuration(spec: ResolvedSpec) -> str:
     """A trial's configuration: its whole spec but the seed (what a smoke run runs once)."""
     return json.dumps({k: v for k, v in spec.to_dict().items() if k != "seed"}, sort_keys=True)
 
 
-def code_path(spec: ExperimentSpec) -> str:
+def code_path(spec: ResolvedSpec) -> str:
     """What decides which code a trial trains and evaluates with: the method and its parameters
     that are not numbers, the model and the dataset (its input shape and classes). Numbers
     (learning rates, α, k, seeds, round counts) change results, not code paths; scenarios
@@ -77,7 +76,7 @@ def code_path(spec: ExperimentSpec) -> str:
         return tree
 
     return json.dumps({"method": spec.method.name,
-                       "params": words(spec.method.hparams.model_dump(mode="json")),
+                       "params": words(spec.method_params.model_dump(mode="json")),
                        "model": spec.model.model_dump(mode="json"),
                        "dataset": spec.dataset.name},
                       sort_keys=True)
@@ -91,8 +90,8 @@ def distinct(trials: list[Trial], key=configuration) -> list[Trial]:
     return list(seen.values())
 
 
-def shrink(spec: ExperimentSpec, rounds: int = SMOKE_ROUNDS, dataset_root: str | None = None,
-           weights: str | None = None) -> ExperimentSpec:
+def shrink(spec: ResolvedSpec, rounds: int = SMOKE_ROUNDS, dataset_root: str | None = None,
+           weights: str | None = None) -> ResolvedSpec:
     """The smoke version of one trial's spec (see the module docstring for what changes);
     ``dataset_root`` / ``weights`` point the spec at stand-in data / pretrained weights."""
     raw = spec.to_dict()
@@ -100,14 +99,14 @@ def shrink(spec: ExperimentSpec, rounds: int = SMOKE_ROUNDS, dataset_root: str |
     raw["federation"]["num_clients"] = clients
     raw["federation"]["rounds"] = min(spec.federation.rounds, rounds)
     raw["federation"]["local_epochs"] = 1
-    generated = getattr(spec.dataset.params, "n_samples", None)  # digits28, synthetic
+    generated = getattr(spec.dataset_params, "n_samples", None)  # digits28, synthetic
     if generated is not None:
         raw["dataset"]["n_samples"] = min(generated, SMOKE_SAMPLES)
     raw["federation"]["participation"] = min(spec.federation.participation,
                                              SMOKE_PARTICIPANTS / clients)
     raw["eval_every"] = raw["federation"]["rounds"]
-    params = spec.method.hparams.model_dump()
-    for name, cap in METHODS.get(spec.method.name).smoke_params.items():
+    params = spec.method_params.model_dump()
+    for name, cap in spec.method_class.smoke_params.items():
         if params[name] > cap:
             raw["method"]["params"][name] = cap
     res = raw["resources"]
@@ -148,7 +147,7 @@ def standin_weights(model: str, folder: Path) -> str:
     return str(path)
 
 
-def standin_inputs(spec: ExperimentSpec, size: str, notes: dict[str, str]
+def standin_inputs(spec: ResolvedSpec, size: str, notes: dict[str, str]
                    ) -> tuple[str | None, str | None]:
     """Where ``spec`` reads data and pretrained weights from when they are not here: the
     stand-in root of its dataset at ``size`` (None when the dataset is fetched or generated) and
@@ -156,12 +155,12 @@ def standin_inputs(spec: ExperimentSpec, size: str, notes: dict[str, str]
     written once, on first use; ``notes`` gets the console line saying so."""
     from raylf.data import standin
 
-    root = standin.root_for(spec.dataset.name, spec.dataset.params, size=size)
+    root = standin.root_for(spec.dataset.name, spec.dataset_params, size=size)
     if root is not None:
         notes[spec.dataset.name] = (f"{spec.dataset.name} is not fetched: its stand-in at "
                                     f"{root} (random content, the real file format)")
     weights = None
-    if getattr(spec.model.params, "weights", None) == "imagenet" and \
+    if getattr(spec.model_params, "weights", None) == "imagenet" and \
             spec.model.name in PRETRAINED and not hub_file(spec.model.name).is_file():
         weights = standin_weights(spec.model.name, standin.standin_root() / "weights")
         notes[spec.model.name] = (f"{spec.model.name} ImageNet weights are not in torch's "
@@ -170,7 +169,7 @@ def standin_inputs(spec: ExperimentSpec, size: str, notes: dict[str, str]
     return root, weights
 
 
-def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -> SmokePlan:
+def smoke_run(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -> SmokeRun:
     """One shrunk trial per distinct configuration; datasets absent from the cache replaced by
     their stand-ins, ImageNet weights absent from torch's hub cache by stand-in weights (each
     written once, on first use). ``paths``: one trial per :func:`code_path` instead."""
@@ -182,7 +181,7 @@ def plan(trials: list[Trial], rounds: int = SMOKE_ROUNDS, paths: bool = False) -
     # trials of one bundle shape back to back: Tune reuses a trial's actors only for the next
     # trial of the same bundles, and starting an actor costs a torch import
     out.sort(key=lambda t: t.spec.resources.gpus_per_worker)
-    return SmokePlan(out, list(notes.values()))
+    return SmokeRun(out, list(notes.values()))
 
 
 def summary(root: str, trials: list[Trial]) -> str:

@@ -4,7 +4,7 @@ Every expanded trial is validated exactly like a single experiment before anythi
 problems name the sweep field they came from; ``raylf.preflight.check_runnable`` then builds
 each trial's data once, so a missing dataset or an impossible partition is a spec error, not a
 failed trial.
-A method with a ``search`` block is not expanded: it becomes a :class:`SearchPlan` (stage 1 of
+A method with a ``search`` block is not expanded: it becomes a :class:`SearchedMethod` (stage 1 of
 a two-stage sweep, see ``raylf.sweep.search``) whose bounds are validated the same way.
 """
 
@@ -20,20 +20,11 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from raylf.config import (
-    ExperimentSpec,
-    SpecError,
-    Strict,
-    _component_registries,
-    _errors,
-    load_raw,
-    read_yaml,
-    set_dotted,
-    set_path,
-    validate,
-)
+from raylf.config import ResolvedSpec, registered_methods, validate
+from raylf.errors import SpecError
 from raylf.experiment import default_trial_id
 from raylf.labels import point_label
+from raylf.schema import Strict, errors_of, load_raw, read_yaml, set_dotted, set_path
 
 SWEEP_FIELDS = ("name", "base", "experiment", "overrides", "grid", "methods", "seeds",
                 "search_seeds", "top_k", "resources", "max_concurrent", "checkpoint_every",
@@ -218,7 +209,7 @@ class SweepSpec(Strict):
     @field_validator("keep_final_states")
     @classmethod
     def _known_methods(cls, names: list[str]) -> list[str]:
-        methods = _component_registries()["method"]  # plugins' methods included
+        methods = registered_methods()
         unknown = [name for name in names if name not in methods]
         if unknown:
             raise ValueError(f"unknown method {', '.join(map(repr, unknown))}; allowed: "
@@ -247,7 +238,7 @@ class SweepSpec(Strict):
 @dataclass(frozen=True)
 class Trial:
     trial_id: str
-    spec: ExperimentSpec
+    spec: ResolvedSpec
     point: dict[str, Any]  # the grid values that define this trial (without the seed)
 
     @property
@@ -258,7 +249,7 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class SearchPlan:
+class SearchedMethod:
     """A searched method: stage 1 evaluates its points on ``seeds``; :meth:`trial` turns one
     sampled point into a validated trial (what every Tune trial of the stage runs)."""
 
@@ -292,7 +283,7 @@ class SearchPlan:
 
 def load_sweep(path: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, list[Trial]]:
     """Read, override and validate a sweep file; expand it into validated trials (those of the
-    methods without a ``search``; :func:`search_plans` gives the others)."""
+    methods without a ``search``; :func:`searched_methods` gives the others)."""
     raw = load_raw(path)
     if not isinstance(raw, dict):
         raise SpecError([("", "a sweep spec must be a mapping of fields")], str(path))
@@ -307,7 +298,7 @@ def load_sweep(path: str | Path, overrides: list[str] = ()) -> tuple[SweepSpec, 
     try:
         sweep = SweepSpec.model_validate(raw)
     except ValidationError as err:
-        raise SpecError(_errors(err), str(path)) from None
+        raise SpecError(errors_of(err), str(path)) from None
     return sweep, expand(sweep, Path(path).parent, str(path))
 
 
@@ -394,14 +385,14 @@ def _refuse_twins(trials: list[Trial], source: str | None) -> None:
             "same method and grid point listed twice); remove the repeated entry"))], source)
 
 
-def search_plans(sweep: SweepSpec, folder: Path = Path("."),
-                 source: str | None = None) -> tuple[list[SearchPlan], list[Trial]]:
-    """The searched methods' plans, and the trials that stand for each plan's bounds (every
+def searched_methods(sweep: SweepSpec, folder: Path = Path("."),
+                 source: str | None = None) -> tuple[list[SearchedMethod], list[Trial]]:
+    """The searched methods, and the trials that stand for each one's bounds (every
     end of every distribution, every choice, every grid point, on every search seed): they are
     validated here and their data built by ``raylf.preflight.check_runnable``, so a search
     cannot fail on a value its space allows."""
     base = _resolved_base(sweep, folder, source)
-    plans: list[SearchPlan] = []
+    searches: list[SearchedMethod] = []
     probes: list[Trial] = []
     problems: list[tuple[str, str]] = []
     for m, entry in enumerate(_entries(sweep, base)):
@@ -424,12 +415,12 @@ def search_plans(sweep: SweepSpec, folder: Path = Path("."),
             continue
         problems += _search_problems(where, search, entry_probes)
         probes += entry_probes
-        plans.append(SearchPlan(
+        searches.append(SearchedMethod(
             f"{m}-{entry.name}", m, entry, base, axes, tuple(sweep.search_seeds),
             max(t.spec.federation.rounds for t in entry_probes)))
     if problems:
         raise SpecError(sorted(set(problems)), source)
-    return plans, probes
+    return searches, probes
 
 
 def _probe_points(search: SearchSpec, axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -446,7 +437,7 @@ def _probe_points(search: SearchSpec, axes: dict[str, list[Any]]) -> list[dict[s
 def _search_problems(where: str, search: SearchSpec,
                      probes: list[Trial]) -> list[tuple[str, str]]:
     problems = []
-    if any(getattr(t.spec.scenario.params, "val_fraction", 0) <= 0 for t in probes):
+    if any(getattr(t.spec.scenario_params, "val_fraction", 0) <= 0 for t in probes):
         problems.append((f"{where} scenario.val_fraction", (
             f"a search chooses on validation data ({search.objective}), and this scenario holds "
             "none out; set scenario.val_fraction (e.g. 0.2) in the base or the overrides")))

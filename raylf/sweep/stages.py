@@ -27,7 +27,7 @@ from raylf.sweep.search import (
     startup_samples,
     write_choices,
 )
-from raylf.sweep.spec import SearchPlan, SweepSpec, Trial
+from raylf.sweep.spec import SearchedMethod, SweepSpec, Trial
 
 
 class GridStage:
@@ -75,31 +75,33 @@ class GridStage:
         return space, {"search_alg": searcher, "num_samples": len(configs)}
 
 
-def describe_search(sweep: SweepSpec, plans: list[SearchPlan], trials: list[Trial]) -> list[str]:
+def describe_search(sweep: SweepSpec, searches: list[SearchedMethod],
+                    trials: list[Trial]) -> list[str]:
     """The two stages: each search and its budget, then what is replicated."""
     seeds = sweep.search_seeds
-    lines = [f"sweep {sweep.name}: search {len(plans)} method(s) on validation data (search "
+    lines = [f"sweep {sweep.name}: search {len(searches)} method(s) on validation data (search "
              f"seeds {seeds}), then the top {sweep.top_k} point(s) of each over seeds "
              f"{sweep.seeds}, reported on test data"]
-    for plan in plans:
-        search = plan.search
-        points = plan.points
+    for searched in searches:
+        search = searched.search
+        points = searched.points
         how = {"random": "random search", "grid": "every grid point",
                "optuna": f"Optuna TPE ({startup_samples(points)} random points first)"}
         asha = (f", ASHA from round {search.scheduler.grace_rounds} (η "
                 f"{search.scheduler.reduction_factor:g})" if search.scheduler else "")
-        lines.append(f"  search {plan.key}: {how[search.algorithm]}, {points} points × "
+        lines.append(f"  search {searched.key}: {how[search.algorithm]}, {points} points × "
                      f"{len(seeds)} seed(s) = {points * len(seeds)} trials over "
-                     f"{', '.join(search.space or plan.axes)}; {search.mode} {search.objective}"
+                     f"{', '.join(search.space or searched.axes)}; {search.mode} {search.objective}"
                      f"{asha}")
-    replicates = len(plans) * sweep.top_k * len(sweep.seeds)
+    replicates = len(searches) * sweep.top_k * len(sweep.seeds)
     lines.append(f"  then {replicates} replicate trials" +
                  (f" and {len(trials)} trials of the methods without a search" if trials else ""))
     return lines
 
 
-def search_then_replicate(sweep: SweepSpec, plans: list[SearchPlan], grid_trials: list[Trial],
-                          storage: str, run: Callable[..., tune.ResultGrid]
+def search_then_replicate(sweep: SweepSpec, searches: list[SearchedMethod],
+                          grid_trials: list[Trial], storage: str,
+                          run: Callable[..., tune.ResultGrid]
                           ) -> tuple[list[Trial], dict[str, Choice], bool]:
     """Stage 1 (each search not yet chosen), then stage 2; ``run(stage)`` runs one stage's Tune
     experiment. Returns the replicate trials, the choice each stands for, and whether any trial
@@ -108,19 +110,19 @@ def search_then_replicate(sweep: SweepSpec, plans: list[SearchPlan], grid_trials
     failed = False
     replicates = {t.trial_id: t for t in grid_trials}
     chosen: dict[str, Choice] = {}
-    for plan in plans:
-        stage = SearchStage(plan, sweep.name, root)
+    for searched in searches:
+        stage = SearchStage(searched, sweep.name, root)
         choices = read_choices(stage)
         if choices is None:
             grid = run(stage)
             failed |= any(result.error is not None for result in grid)
-            searched = [stage.trial(result.config) for result in grid]
-            choices = choose(stage, searched, sweep.top_k)
+            ran = [stage.trial(result.config) for result in grid]
+            choices = choose(stage, ran, sweep.top_k)
             write_choices(stage, choices)
-        print(describe_choices(plan, choices), flush=True)
+        print(describe_choices(searched, choices), flush=True)
         for choice in choices:
             for seed in sweep.seeds:
-                trial = plan.trial(choice.point, seed)
+                trial = searched.trial(choice.point, seed)
                 replicates.setdefault(trial.trial_id, trial)
                 chosen[trial.trial_id] = choice
     trials = list(replicates.values())
@@ -130,14 +132,15 @@ def search_then_replicate(sweep: SweepSpec, plans: list[SearchPlan], grid_trials
     return trials, chosen, failed
 
 
-def describe_choices(plan: SearchPlan, choices: list[Choice]) -> str:
+def describe_choices(searched: SearchedMethod, choices: list[Choice]) -> str:
     if not choices:
-        return (f"search {plan.key}: no point ended ok on every search seed; nothing of "
-                f"{plan.entry.name} is replicated (see {plan.key}'s trials in search/tables/)")
+        return (f"search {searched.key}: no point ended ok on every search seed; nothing of "
+                f"{searched.entry.name} is replicated (see {searched.key}'s trials in "
+                "search/tables/)")
     first = choices[0]
     stopped = f", {first.stopped} stopped by ASHA ({first.rounds_saved} rounds saved)" \
-        if plan.search.scheduler else ""
+        if searched.search.scheduler else ""
     picks = "; ".join(f"#{c.rank} {point_label(c.point)} ({c.objective} {c.score:.4f})"
                       for c in choices)
-    return (f"search {plan.key}: {first.budget} trials ({first.points} points){stopped}; "
+    return (f"search {searched.key}: {first.budget} trials ({first.points} points){stopped}; "
             f"chose {picks}")

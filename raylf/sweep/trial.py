@@ -22,7 +22,7 @@ from ray import tune
 
 from raylf import checkpoints, results
 from raylf.metrics import evaluates
-from raylf.sweep.plan import trains_inline
+from raylf.sweep.placement import trains_inline
 from raylf.sweep.search import objective_value, stop_mark
 from raylf.sweep.writable import StorageUnwritable
 
@@ -114,7 +114,7 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoin
     """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one;
     its checkpoints dropped once its tables record its end (the final personal states kept for
     the methods in ``keep_final_states``); its rounds reported to Tune as ``ReportGate`` says.
-    A trial of one worker trains in this process (``raylf.sweep.plan.trains_inline``), others
+    A trial of one worker trains in this process (``raylf.sweep.placement.trains_inline``), others
     on actors in the trial's placement group."""
     from raylf.experiment import Progress, RecordedStop, run_experiment
     from raylf.run import enforce_time_budget

@@ -12,7 +12,7 @@ from ray import tune
 
 from raylf import checkpoints, results
 from raylf.sweep.console import SweepConsole, make_active
-from raylf.sweep.plan import trial_bundles
+from raylf.sweep.placement import trial_bundles
 from raylf.sweep.spec import SweepSpec
 from raylf.sweep.trial import finished_row, run_trial
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 
 from raylf import results
-from raylf.config import SpecError
+from raylf.errors import SpecError
 
 
 class StorageUnwritable(RuntimeError):

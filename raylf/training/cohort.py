@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +29,11 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from raylf import learning_check
 from raylf.data.federation import Split
+from raylf.schema import OptimizerSpec
 from raylf.training import sgd
 from raylf.training.layout import PARTS
-from raylf.training.sequential import AfterStep, FitResult, LocalTrainer, Penalty
+from raylf.training.objective import Batch, Forward, LossTerm, forward_with
+from raylf.training.sequential import AfterStep, FitResult, LocalTrainer
 
 # Memory a cohort may use, as a share of what the device has free when it is sized.
 MEMORY_SHARE = 0.25
@@ -60,10 +62,12 @@ class BatchedLayers:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        # the leaves in forward order, listed once: walking the module tree every step costs
-        # more than a small model's arithmetic
-        self.leaves = [(f"{name}.", module) for name, module in model.named_modules()
-                       if module is not model and not any(True for _ in module.children())]
+        # the leaves in forward order, listed once per part: walking the module tree every step
+        # costs more than a small model's arithmetic
+        leaves = [(f"{name}.", module) for name, module in model.named_modules()
+                  if module is not model and not any(True for _ in module.children())]
+        self.parts = {part: [(p, m) for p, m in leaves if p.startswith(part + ".")]
+                      for part in PARTS}
 
     @classmethod
     def supports(cls, model: nn.Module) -> bool:
@@ -74,7 +78,18 @@ class BatchedLayers:
 
     def __call__(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``x`` is (clients, batch, *sample); the output (clients, batch, outputs)."""
-        for prefix, module in self.leaves:
+        return self.head(params, self.features(params, x))
+
+    def features(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """The encoder's output (clients, batch, …)."""
+        return self._run("encoder", params, x)
+
+    def head(self, params: dict[str, torch.Tensor], features: torch.Tensor) -> torch.Tensor:
+        """The head's output (clients, batch, outputs) on the features."""
+        return self._run("head", params, features)
+
+    def _run(self, part: str, params, x):
+        for prefix, module in self.parts[part]:
             x = self._apply(module, prefix, params, x)
         return x
 
@@ -149,14 +164,16 @@ def not_worthwhile(model: nn.Module, sample_shape: tuple[int, ...],
 class CohortMember:
     """One client of a cohort: where its rows are in the shard's training split, its start
     vector, its seed, and what of its plan may differ between clients: its proximal anchor and
-    strength, its loss penalty and its after-step map (``LocalTrainer.fit``'s)."""
+    strength, its loss terms, its reference models (by the names every member gives) and its
+    after-step map (``LocalTrainer.fit``'s)."""
 
     position: int
     start: torch.Tensor
     seed: int
     anchor: torch.Tensor | None = None
     mu: float = 0.0
-    penalty: Penalty | None = None
+    terms: tuple[LossTerm, ...] = ()
+    references: dict[str, torch.Tensor] = field(default_factory=dict)
     after_step: AfterStep | None = None
 
 
@@ -170,11 +187,12 @@ class CohortTrainer:
         self.part_of = {s.name: s.name.split(".", 1)[0] for s in self.params}
         model = trainer.model
         self.layers = BatchedLayers(model) if BatchedLayers.supports(model) else None
-        self._footprints: dict[tuple, int] = {}  # (batch, sample shape) → bytes per client
+        self._footprints: dict[tuple, int] = {}  # (batch, sample shape, dtype) → bytes a client
 
-    def per_client_bytes(self, batch_size: int, sample_shape: tuple[int, ...]) -> int:
+    def per_client_bytes(self, batch_size: int, inputs: torch.Tensor) -> int:
         """A cohort member's footprint: parameters, gradients, momentum and anchor (4 × P
-        floats) plus a batch's activations, measured once by running the model on one batch."""
+        floats) plus a batch's activations, measured once by running the model on one batch of
+        zeros shaped and typed as ``inputs``' samples (token ids for a character model)."""
         activations = 0
 
         def count(_module, _inputs, output):
@@ -186,15 +204,16 @@ class CohortTrainer:
         hooks = [m.register_forward_hook(count) for m in model.modules()]
         try:
             with torch.no_grad():
-                model(torch.zeros(batch_size, *sample_shape, device=self.trainer.device))
+                model(inputs.new_zeros(batch_size, *inputs.shape[1:]))
         finally:
             for hook in hooks:
                 hook.remove()
         return 4 * (4 * self.layout.size + 2 * activations)  # float32, forward + backward
 
     def size(self, setting: str | int, participants: int, batch_size: int,
-             sample_shape: tuple[int, ...]) -> int:
-        """Clients per lockstep batch: a number, or ``auto`` from the device's free memory."""
+             inputs: torch.Tensor) -> int:
+        """Clients per lockstep batch: a number, or ``auto`` from the device's free memory for
+        batches of ``inputs``' samples."""
         if setting != "auto":
             return max(1, int(setting))
         device = self.trainer.device
@@ -204,43 +223,43 @@ class CohortTrainer:
             import psutil
 
             free = psutil.virtual_memory().available
-        key = (batch_size, sample_shape)
+        key = (batch_size, tuple(inputs.shape[1:]), inputs.dtype)
         if key not in self._footprints:
-            self._footprints[key] = self.per_client_bytes(batch_size, sample_shape)
+            self._footprints[key] = self.per_client_bytes(batch_size, inputs)
         fits = int(MEMORY_SHARE * free // self._footprints[key])
         return max(1, min(participants, fits))
 
     def fit(self, members: list[CohortMember], split: Split, targets: str, *,
             trainable: tuple[str, ...] = PARTS, loss_fn=None, epochs: int | None = None,
-            max_steps: int | None = None) -> tuple[torch.Tensor, list[FitResult]]:
+            max_steps: int | None = None,
+            optimizer: OptimizerSpec | None = None) -> tuple[torch.Tensor, list[FitResult]]:
         """Train every member as ``LocalTrainer.fit`` would (``epochs``, default the
-        federation's local epochs, cut after ``max_steps``); the trained flat vectors
-        (members × P) and one FitResult per member.
+        federation's local epochs, cut after ``max_steps``; ``optimizer`` replacing the
+        trainer's); the trained flat vectors (members × P) and one FitResult per member.
 
         At every step the clients with a batch left are grouped by batch size and proximal
         strength; each group takes one batched gradient and one ``raylf.training.sgd.step_`` on
-        its rows of the stacked weights and momenta (gathered and written back when not
-        everyone steps). A member's penalty and after-step map are its own functions of its own
-        rows."""
+        its rows of the stacked weights and optimizer state (gathered and written back when not
+        everyone steps). A member's loss terms and after-step map are its own functions of its
+        own rows."""
         trainer = self.trainer
-        device, cfg, batch = trainer.device, trainer.opt_cfg, trainer.batch_size
+        device, batch = trainer.device, trainer.batch_size
+        cfg = optimizer or trainer.optimizer
         if epochs is None and max_steps is None:
             epochs = trainer.local_epochs
         flat = torch.stack([m.start for m in members]).to(device)
         trained = [s for s in self.params if self.part_of[s.name] in trainable]
         frozen = [s for s in self.params if self.part_of[s.name] not in trainable]
-
-        def stacked(source: torch.Tensor, slots) -> dict[str, torch.Tensor]:
-            return {s.name: source[:, s.offset: s.offset + s.numel].reshape(-1, *s.shape)
-                    for s in slots}
-
-        weights, fixed = stacked(flat, trained), stacked(flat, frozen)
+        weights, fixed = self._stacked(flat, trained), self._stacked(flat, frozen)
         names = list(weights)
         prox = members[0].anchor is not None
-        anchors = stacked(torch.stack([m.anchor for m in members]).to(device), trained) \
+        anchors = self._stacked(torch.stack([m.anchor for m in members]).to(device), trained) \
             if prox else {}
-        momenta = sgd.zero_momenta([weights[k] for k in names], cfg)
-        momenta = {} if momenta is None else dict(zip(names, momenta))
+        references = {name: self._stacked(torch.stack([m.references[name] for m in members])
+                                          .to(device), self.params)
+                      for name in members[0].references}
+        state = sgd.zero_state([weights[k] for k in names], cfg)
+        state = {} if state is None else dict(zip(names, state))
         step_fn = self._gradients(loss_fn)
         schedules = [self._schedule(split, m, batch, epochs, max_steps, device)
                      for m in members]
@@ -250,7 +269,7 @@ class CohortTrainer:
         for t in range(max(map(len, schedules), default=0)):
             groups: dict[tuple[int, float], list[int]] = defaultdict(list)
             for c, schedule in enumerate(schedules):
-                if t < len(schedule):  # a finished client takes no step, its momentum rests
+                if t < len(schedule):  # a finished client takes no step, its state rests
                     groups[len(schedule[t]), members[c].mu].append(c)
             for (size, mu), clients in groups.items():
                 index = torch.as_tensor(clients, device=device)
@@ -263,20 +282,23 @@ class CohortTrainer:
                 rows = torch.stack([schedules[c][t] for c in clients])
                 y = split.y[rows] if targets == "labels" else {
                     k: v[rows] for k, v in split.tasks.items()}
-                current, resting, pinned = take(weights), take(momenta), take(fixed)
-                grads, losses = step_fn(current, pinned, split.x[rows], y)
-                if any(members[c].penalty is not None for c in clients):
-                    grads = self._with_penalties(grads, current, pinned,
-                                                 [members[c].penalty for c in clients])
+                current, resting, pinned = take(weights), take(state), take(fixed)
+                if any(members[c].terms for c in clients):
+                    grads, losses = self._with_terms(
+                        loss_fn, current, pinned, split.x[rows], y,
+                        [members[c].terms for c in clients],
+                        {name: take(tree) for name, tree in references.items()})
+                else:
+                    grads, losses = step_fn(current, pinned, split.x[rows], y)
                 pulls = take(anchors)
                 sgd.step_([current[k] for k in names], [grads[k] for k in names],
-                          [resting[k] for k in names] if momenta else None, cfg,
+                          [resting[k] for k in names] if state else None, cfg, step=t + 1,
                           anchors=[pulls[k] for k in names] if prox else None, mu=mu)
                 if not whole:  # the group's rows were gathered: write them back
                     for k in names:
                         weights[k].index_copy_(0, index, current[k])
-                        if momenta:
-                            momenta[k].index_copy_(0, index, resting[k])
+                        if state:
+                            state[k].index_copy_(0, index, resting[k])
                 for c in clients:
                     if members[c].after_step is not None:
                         self._after_step(members[c].after_step, weights, fixed, c, cfg.lr)
@@ -291,15 +313,42 @@ class CohortTrainer:
         return flat, results
 
     @staticmethod
-    def _with_penalties(grads, current, pinned, penalties) -> dict[str, torch.Tensor]:
-        """``grads`` plus the gradient of each client's penalty of its own parameters (a
-        client without one adds nothing), as the sequential fit adds it to the loss."""
+    def _stacked(source: torch.Tensor, slots) -> dict[str, torch.Tensor]:
+        """The ``slots`` of stacked flat vectors (clients × P) as stacked tensors by name."""
+        return {s.name: source[:, s.offset: s.offset + s.numel].reshape(-1, *s.shape)
+                for s in slots}
+
+    def _forward(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> Forward:
+        """Every client's features and outputs (clients × batch × …) with its own rows of
+        ``params``: layer by layer when the model allows, else one client at a time."""
+        if self.layers is not None:
+            features = self.layers.features(params, x)
+            return Forward(features, self.layers.head(params, features))
+        forwards = [forward_with(self.trainer.model, {k: v[c] for k, v in params.items()}, x[c])
+                    for c in range(len(x))]
+        return Forward(torch.stack([f.features for f in forwards]),
+                       torch.stack([f.outputs for f in forwards]))
+
+    def _with_terms(self, loss_fn, current, pinned, x, y, terms, references):
+        """(gradients, per-client data losses) of each client's data loss plus its own loss
+        terms, from one forward pass of the group; the terms see each client's rows only, as
+        the sequential fit hands them its ``Batch``."""
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        total = sum(penalty({**{k: v[i] for k, v in leaves.items()},
-                             **{k: v[i] for k, v in pinned.items()}})
-                    for i, penalty in enumerate(penalties) if penalty is not None)
-        extra = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
-        return {k: g if e is None else g + e for (k, g), e in zip(grads.items(), extra)}
+        params = {**leaves, **pinned}
+        ours = self._forward(params, x)
+        with torch.no_grad():
+            theirs = {name: self._forward(tree, x) for name, tree in references.items()}
+        losses = torch.stack([loss_fn(ours.outputs[c], _row(y, c)) for c in range(len(x))])
+        extra = [sum(term(Batch(x[c], _row(y, c), ours.features[c], ours.outputs[c],
+                                {k: v[c] for k, v in params.items()},
+                                {name: Forward(f.features[c], f.outputs[c])
+                                 for name, f in theirs.items()}))
+                     for term in client_terms)
+                 for c, client_terms in enumerate(terms) if client_terms]
+        grads = torch.autograd.grad(losses.sum() + sum(extra), list(leaves.values()),
+                                    allow_unused=True)
+        return ({k: torch.zeros_like(v) if g is None else g
+                 for (k, v), g in zip(leaves.items(), grads)}, losses.detach())
 
     @staticmethod
     @torch.no_grad()
@@ -313,8 +362,7 @@ class CohortTrainer:
     def predict(self, vectors: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Outputs of each client's model (rows of ``vectors``) on its own inputs
         (clients × n × sample): evaluation of personal models in one batched pass."""
-        params = {s.name: vectors[:, s.offset: s.offset + s.numel].reshape(-1, *s.shape)
-                  for s in self.params}
+        params = self._stacked(vectors, self.params)
         model = self.trainer.model
         model.eval()
         if self.layers is not None:

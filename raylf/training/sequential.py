@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from raylf.schema import OptimizerSpec
 from raylf.training import sgd
 from raylf.training.layout import PARTS, ParamLayout
+from raylf.training.objective import Batch, LossTerm, reference_forward
 from raylf.training.rewrites import rewrite_for_training
 
 
@@ -37,8 +39,6 @@ class FitResult:
 
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-Penalty = Callable[[dict[str, torch.Tensor]], torch.Tensor]
-"""An extra term of the local objective, of one client's parameters by name (``Slot.name``)."""
 AfterStep = Callable[[dict[str, torch.Tensor], float], dict[str, torch.Tensor]]
 """A map applied after every optimizer step of size lr (a proximal map of lr × a term kept out
 of the loss): one client's parameters by name and lr → new values of some of them."""
@@ -47,15 +47,15 @@ of the loss): one client's parameters by name and lr → new values of some of t
 class LocalTrainer:
     """One reusable model plus the optimizer settings shared by every client of an experiment."""
 
-    def __init__(self, model: nn.Module, layout: ParamLayout, optimizer, batch_size: int,
-                 local_epochs: int, device: torch.device):
+    def __init__(self, model: nn.Module, layout: ParamLayout, optimizer: OptimizerSpec,
+                 batch_size: int, local_epochs: int, device: torch.device):
         self.model = model.to(device)
         rewrite_for_training(self.model, device)
         self.layout = layout
         self.device = device
         self.batch_size = batch_size
         self.local_epochs = local_epochs
-        self.opt_cfg = optimizer
+        self.optimizer = optimizer
         self.flat = torch.empty(layout.size, device=device)
         self._offsets: dict[int, int] = {}  # parameter id -> offset in the flat vector
         for slot in layout.slots:
@@ -88,21 +88,28 @@ class LocalTrainer:
             max_steps: int | None = None,
             prox: tuple[torch.Tensor, float] | None = None,
             loss_fn: LossFn = F.cross_entropy,
-            penalty: Penalty | None = None,
-            after_step: AfterStep | None = None) -> FitResult:
-        """Minibatch SGD on (x, y) for ``epochs`` (default: the federation's local epochs), one
-        client: the schedule and step of ``raylf.training.sgd`` with a client dimension of one.
+            terms: tuple[LossTerm, ...] = (),
+            references: dict[str, torch.Tensor] | None = None,
+            after_step: AfterStep | None = None,
+            optimizer: OptimizerSpec | None = None) -> FitResult:
+        """Minibatch stochastic gradient descent on (x, y) for ``epochs`` (default: the
+        federation's local epochs), one client: the schedule and step of
+        ``raylf.training.sgd`` with a client dimension of one.
 
         ``max_steps`` stops after that many optimizer steps (epochs continue as needed when
         ``epochs`` is not given: Ditto's and FedAvg's "τ local steps" variants).
         ``prox=(anchor, mu)`` adds mu·(w − anchor) to every trained parameter's gradient (the
-        FedProx / Ditto proximal term, anchor given as a full flat vector). ``penalty`` maps the
-        parameters by name (``Slot.name``) to an extra differentiable term added to the loss
-        each step; ``after_step`` maps them and the learning rate (without autograd) after
-        every optimizer step to new values of some, e.g. a proximal map for a term kept out of
-        the loss. Parameters without a gradient in a step are not stepped and keep their
-        momentum. Every fit is logged in ``fits`` (the runtime checks each one for divergence).
+        FedProx / Ditto proximal term, anchor given as a full flat vector). ``terms`` are added
+        to the data loss at every step, each a function of the step's ``Batch``
+        (``raylf.training.objective``), which holds each of ``references`` (frozen flat
+        vectors by name) run on the batch; ``after_step`` maps the parameters by name and the
+        learning rate (without autograd) after every optimizer step to new values of some, e.g.
+        a proximal map for a term kept out of the loss. ``optimizer`` replaces the trainer's
+        settings for this fit (FedBABU's fine-tuning). The loss logged is the data's.
+        Parameters without a gradient in a step are not stepped and keep their optimizer
+        state. Every fit is logged in ``fits`` (the runtime checks each one for divergence).
         """
+        cfg = optimizer or self.optimizer
         n = len(y) if torch.is_tensor(y) else len(next(iter(y.values())))
         if epochs is None and max_steps is None:
             epochs = self.local_epochs
@@ -111,7 +118,8 @@ class LocalTrainer:
             for p in self._params[part]:
                 p.requires_grad_(part in trainable)
         weights = [p.detach()[None] for p in params]  # the client dimension of one
-        momenta = sgd.zero_momenta(weights, self.opt_cfg)
+        state = sgd.zero_state(weights, cfg)
+        frozen = {name: self.parameters_of(vector) for name, vector in (references or {}).items()}
         anchors = None
         if prox is not None:
             anchors = [prox[0][self._offsets[id(p)]: self._offsets[id(p)] + p.numel()]
@@ -124,20 +132,27 @@ class LocalTrainer:
         for idx in sgd.minibatches(orders, n, self.batch_size, sgd.step_count(
                 n, self.batch_size, epochs, max_steps)):
             target = y[idx] if torch.is_tensor(y) else {k: v[idx] for k, v in y.items()}
-            loss = loss_fn(self.model(x[idx]), target)
-            objective = loss if penalty is None else loss + penalty(self._named)
+            features = self.model.encoder(x[idx])
+            outputs = self.model.head(features)
+            loss = loss_fn(outputs, target)
+            objective = loss
+            if terms:
+                batch = Batch(x[idx], target, features, outputs, self._named, {
+                    name: reference_forward(self.model, tensors, x[idx])
+                    for name, tensors in frozen.items()})
+                objective = loss + sum(term(batch) for term in terms)
             for p in params:
                 p.grad = None
             objective.backward()
             stepped = [i for i, p in enumerate(params) if p.grad is not None]
             sgd.step_(
                 [weights[i] for i in stepped], [params[i].grad[None] for i in stepped],
-                None if momenta is None else [momenta[i] for i in stepped], self.opt_cfg,
+                None if state is None else [state[i] for i in stepped], cfg, step=steps + 1,
                 anchors=None if anchors is None else [anchors[i] for i in stepped],
                 mu=0.0 if prox is None else prox[1])
             if after_step is not None:
                 with torch.no_grad():
-                    for name, value in after_step(self._named, self.opt_cfg.lr).items():
+                    for name, value in after_step(self._named, cfg.lr).items():
                         self._named[name].copy_(value)
             total += loss.detach()
             steps += 1
@@ -207,6 +222,11 @@ class LocalTrainer:
                 out[:, slot.offset: slot.offset + slot.numel] = grads[slot.name].reshape(rows, -1)
         self.fits.append(FitResult(float(losses.mean()), 0, len(x)))
         return out
+
+    def parameters_of(self, vector: torch.Tensor) -> dict[str, torch.Tensor]:
+        """A flat vector as the model's tensors by slot name (views, no copy)."""
+        return {s.name: vector[s.offset: s.offset + s.numel].view(s.shape)
+                for s in self.layout.slots}
 
     # -- evaluation --------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Local SGD, defined once: the minibatch schedule and the optimizer step of every training path.
+"""Local stochastic gradient descent, defined once: the minibatch schedule and the optimizer step
+of every training path.
 
 Three paths train a client's model: the sequential trainer (``LocalTrainer.fit``, one client at a
 time), the cohort trainer (``CohortTrainer.fit``, many clients in lockstep) and the per-step
@@ -11,8 +12,9 @@ steps because they call these functions rather than keeping copies equal by hand
   after epoch (``SeededOrders``, both trainers), or a generator per epoch (the per-step runtime,
   which finds step r's batch without drawing the r − 1 before it);
 - the step (``step_``): the proximal pull mu·(w − anchor) added to the gradient, the gradient
-  clipped to a global norm, then ``torch.optim.SGD``'s own arithmetic (weight decay, momentum,
-  learning rate) through its functional form.
+  clipped to a global norm, then the declared optimizer's own arithmetic through torch's
+  functional form: ``torch.optim.SGD``'s (weight decay, momentum, learning rate) or
+  ``torch.optim.Adam``'s (weight decay, the two moments, bias correction, learning rate).
 
 Every tensor of a step leads with a client dimension: the cohort stacks its clients there, the
 other paths pass a dimension of one. The step is elementwise but for clipping, whose norm is
@@ -27,9 +29,10 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
-from raylf.config import OptimizerSpec
+from raylf.schema import OptimizerSpec
 
 Orders = Callable[[int], torch.Tensor]  # epoch → permutation of the client's samples
 
@@ -96,31 +99,44 @@ def clip_(grads: Sequence[torch.Tensor], max_norm: float) -> None:
 
 
 def step_(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
-          momenta: Sequence[torch.Tensor] | None, cfg: OptimizerSpec, *,
+          state: Sequence[torch.Tensor] | None, cfg: OptimizerSpec, *, step: int = 1,
           anchors: Sequence[torch.Tensor] | None = None, mu: float = 0.0) -> None:
-    """One local SGD step, in place on ``weights``, ``grads`` and ``momenta`` (matching tensors,
-    each leading with the client dimension): prox → clip → weight decay → momentum → lr.
+    """One local optimizer step, in place on ``weights``, ``grads`` and the optimizer ``state``
+    (matching tensors, each leading with the client dimension; ``zero_state`` makes it): prox →
+    clip → the optimizer's own arithmetic. ``step`` is the step's number in the fit, from 1
+    (Adam's bias correction; every client stepping together has taken as many).
 
     The project's own parts come first: mu·(w − anchor) added to the gradient (the FedProx /
     Ditto / FedSoft proximal term, kept out of the loss so the loss logged is the data's), then
     clipping to ``cfg.grad_clip``, so the clipped norm includes the pull. The rest is
-    ``torch.optim.sgd.sgd``, the arithmetic of ``torch.optim.SGD.step``; building that optimizer
-    object would import ``torch._dynamo``, 3–4 s in every fresh worker process here. Momentum
-    buffers start at zero (``momenta`` None when ``cfg.momentum`` is 0): μ·0 + d is d, the
-    buffer torch's first step clones."""
+    ``torch.optim.sgd.sgd`` or ``torch.optim.adam.adam``, the arithmetic of
+    ``torch.optim.SGD.step`` and ``torch.optim.Adam.step``; building those optimizer objects
+    would import ``torch._dynamo``, 3–4 s in every fresh worker process here. SGD's momentum
+    buffers start at zero (``state`` None when ``cfg.momentum`` is 0): μ·0 + d is d, the
+    buffer torch's first step clones; Adam's state holds both moments of a tensor stacked
+    after the client dimension."""
     with torch.no_grad():
         if anchors is not None:
             torch._foreach_add_(list(grads), torch._foreach_sub(list(weights), list(anchors)),
                                 alpha=mu)
         if cfg.grad_clip is not None:
             clip_(grads, cfg.grad_clip)
+        if cfg.name == "adam":
+            adam(list(weights), list(grads), [s[:, 0] for s in state], [s[:, 1] for s in state],
+                 [], [torch.tensor(float(step - 1)) for _ in weights], amsgrad=False,
+                 beta1=cfg.betas[0], beta2=cfg.betas[1], lr=cfg.lr,
+                 weight_decay=cfg.weight_decay, eps=cfg.eps, maximize=False)
+            return
         sgd(list(weights), list(grads),
-            list(momenta) if cfg.momentum else [None] * len(weights),
+            list(state) if cfg.momentum else [None] * len(weights),
             weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr, dampening=0.0,
             nesterov=False, maximize=False)
 
 
-def zero_momenta(weights: Sequence[torch.Tensor], cfg: OptimizerSpec) -> list[torch.Tensor] | None:
-    """Fresh momentum buffers for ``weights`` (None without momentum): every local update of
-    the trainers starts its momentum at zero."""
+def zero_state(weights: Sequence[torch.Tensor], cfg: OptimizerSpec) -> list[torch.Tensor] | None:
+    """Fresh optimizer state for ``weights``, one tensor each (None for SGD without momentum):
+    SGD's momentum buffers, or Adam's two moments stacked after the client dimension. Every
+    local fit of the trainers starts its state at zero."""
+    if cfg.name == "adam":
+        return [w.new_zeros(w.shape[0], 2, *w.shape[1:]) for w in weights]
     return [torch.zeros_like(w) for w in weights] if cfg.momentum else None

@@ -22,9 +22,9 @@ class AnnealedProx(FedAvg):
     name = "annealed_prox"
     Params = AnnealedProxParams
 
-    def plan(self, payload, personal, data, extra, *, rnd):
-        return replace(super().plan(payload, personal, data, extra, rnd=rnd),
-                       anchor=payload["model"], mu=self.params.mu / rnd)
+    def plan(self, client):
+        return replace(super().plan(client), anchor=client.payload["model"],
+                       mu=self.params.mu / client.rnd)
 
 
 if "annealed_prox" not in METHODS:

@@ -32,16 +32,16 @@ class FaultyOnce(FedAvg):
     name = "faulty_once"
     Params = FaultyOnceParams
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def local_update(self, client):
         marker = Path(self.params.marker)
         failed = len(marker.read_text().splitlines()) if marker.exists() else 0
-        if rnd == self.params.fail_round and failed < self.params.failures:
+        if client.rnd == self.params.fail_round and failed < self.params.failures:
             with marker.open("a") as f:
                 f.write("failed\n")
             if self.params.hang:
                 threading.Event().wait(HANG_S)
-            raise RuntimeError(f"injected worker failure in round {rnd}")
-        return super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
+            raise RuntimeError(f"injected worker failure in round {client.rnd}")
+        return super().local_update(client)
 
 
 if "faulty_once" not in METHODS:

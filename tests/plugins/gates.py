@@ -62,9 +62,9 @@ class GatedFedAvgSE(FedAvgSE):
     name = "gated_fedavg_se"
     Params = GatedParams
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+    def local_update(self, client):
         gate = Path(self.params.gate_file)
-        if rnd == self.params.gate_round and not gate.exists():
+        if client.rnd == self.params.gate_round and not gate.exists():
             import ray
 
             actor = worker_name()
@@ -74,7 +74,7 @@ class GatedFedAvgSE(FedAvgSE):
                 time.sleep(WAIT_S)  # the kill lands while this round is in flight
                 raise TimeoutError(f"worker {actor} was not killed")
             hold(gate, f"{actor}\n{ray.get_runtime_context().get_node_id()}")
-        return super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
+        return super().local_update(client)
 
 
 if "gated_fedavg_se" not in METHODS:

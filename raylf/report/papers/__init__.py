@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from raylf.config import flatten
 from raylf.data import presets
+from raylf.schema import flatten
 
 # how a printed figure relates to raylf's value of the same metric: raylf writes accuracies as
 # fractions and communication in bytes

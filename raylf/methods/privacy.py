@@ -129,7 +129,7 @@ def privatize(vector: torch.Tensor, dp: DPParams, seed: int) -> torch.Tensor:
     return clip(vector, dp.clip_norm) + noise.to(vector.device)
 
 
-def round_report(dp: DPParams, rounds: int) -> dict[str, float]:
+def round_accounting(dp: DPParams, rounds: int) -> dict[str, float]:
     """Rounds-table columns after ``rounds`` rounds: requested and achieved ε, σ, composed ε."""
     return {
         "dp_epsilon_round": dp.epsilon,

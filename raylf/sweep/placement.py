@@ -1,12 +1,13 @@
-"""A sweep's resource plan: the placement-group bundles each trial reserves, whether every trial
+"""Where a sweep's trials run: the placement-group bundles each trial reserves, whether every trial
 fits the cluster (Tune would leave one that never fits pending forever), how many fit at once,
-and the plan's lines on the console."""
+and what the console says of it."""
 
 from __future__ import annotations
 
 import json
 
-from raylf.config import ExperimentSpec, SpecError
+from raylf.config import ResolvedSpec
+from raylf.errors import SpecError
 from raylf.raycluster import Capacity
 from raylf.runtime.ray_backend import bundles
 from raylf.sweep.spec import SweepSpec, Trial
@@ -14,13 +15,13 @@ from raylf.sweep.spec import SweepSpec, Trial
 TRIAL_CPUS = 0.25  # bundle 0: the trial function, which drives rounds and writes tables
 
 
-def trains_inline(spec: ExperimentSpec) -> bool:
+def trains_inline(spec: ResolvedSpec) -> bool:
     """Whether a trial trains in its trial function's own process (``raylf.runtime.inline``):
     with one worker there is nothing for actors to spread, only a hop to pay."""
     return spec.active_workers() == 1
 
 
-def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
+def trial_bundles(spec: ResolvedSpec) -> list[dict[str, float]]:
     """Bundle 0 for the trial function (Tune runs it there), the coordinator's, then one per
     client worker; an inline trial's one bundle holds its worker's resources as well."""
     if trains_inline(spec):
@@ -29,7 +30,7 @@ def trial_bundles(spec: ExperimentSpec) -> list[dict[str, float]]:
     return [{"CPU": TRIAL_CPUS}] + bundles(spec.resources, spec.active_workers())
 
 
-def trial_needs(spec: ExperimentSpec) -> dict[str, float]:
+def trial_needs(spec: ResolvedSpec) -> dict[str, float]:
     """CPUs and GPUs one trial of ``spec`` holds: the sum of its bundles."""
     need: dict[str, float] = {}
     for bundle in trial_bundles(spec):
@@ -44,7 +45,7 @@ def concurrent_fit(trials: list[Trial], total: dict[str, float]) -> int:
     return min(int(total.get(kind, 0) // amount + 1e-9) for kind, amount in worst.items())
 
 
-def check_plan(trials: list[Trial], total: dict[str, float]) -> None:
+def check_placement(trials: list[Trial], total: dict[str, float]) -> None:
     """Every trial's bundles fit the cluster's totals (Tune would leave it pending forever)."""
     problems = set()
     for trial in trials:
@@ -68,9 +69,9 @@ def describe_resources(total: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in sorted(total.items()) if k in ("CPU", "GPU"))
 
 
-def describe_plan(sweep: SweepSpec, trials: list[Trial], cluster: Capacity,
+def describe_placement(sweep: SweepSpec, trials: list[Trial], cluster: Capacity,
                   where: str, listing: bool = True) -> list[str]:
-    """The plan: trial count (and, with ``listing``, every trial), bundles and how many fit."""
+    """The placement: trial count (and, with ``listing``, every trial), bundles and how many fit."""
     points = len({(t.spec.method.name, json.dumps(t.point, sort_keys=True)) for t in trials})
     lines = [f"{len(trials)} trials" if listing else
              f"sweep {sweep.name}: {len(trials)} trials ({points} method/grid points × "
