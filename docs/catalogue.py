@@ -43,7 +43,7 @@ it is stale; `python docs/catalogue.py` writes it anew.
 A parameter outside its bounds or a name a method does not have is a spec error naming the field
 (`method.params.mu: …`) before anything starts. What a method writes is on
 [Result tables](results.md); what a method is built from, and how to write one, is the method
-contract (`docs/method-contract.md`).
+contract ([Method contract](method-contract.md)).
 """
 
 REQUIREMENTS = {

@@ -47,7 +47,6 @@ NAV: list[tuple[str, list[str]]] = [
 ]
 # pages named in NAV whose files other work in progress adds (page: who writes it)
 PENDING = {
-    "method-contract": "issue 42, the method contract (hooks, context, FitPlan, worked example)",
     "security": "issue 41, the trust model",
 }
 

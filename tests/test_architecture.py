@@ -2,8 +2,9 @@
 is imported, so this costs milliseconds and sees imports inside functions as well as at the top).
 
 A module may import modules of its own floor and of the floors below it, never of a floor above;
-and no chain of imports, at any level, comes back to where it started. A new module must be
-placed on a floor here (the test says which it lacks).
+and no chain of imports, at any level, comes back to where it started. The floors are the table
+of docs/architecture.md; a new module must be placed on a floor there (the test says which it
+lacks).
 
 An import of ``a.b.c`` also runs the packages ``a`` and ``a.b``; those implicit imports of a
 parent package are not arrows here (every package's ``__init__`` would otherwise close a circle
@@ -13,29 +14,27 @@ with the modules it gathers).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "raylf"
 
-FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # lowest first: (what the floor is, the modules and packages on it)
-    ("foundation: the spec schema, seeds, storage, result tables and statistics", (
-        "raylf", "raylf.errors", "raylf.registry", "raylf.seeding", "raylf.tree",
-        "raylf.storage", "raylf.plugins", "raylf.schema", "raylf.metrics", "raylf.labels",
-        "raylf.learning_check", "raylf.stats", "raylf.guards", "raylf.results",
-        "raylf.checkpoints", "raylf.raycluster")),
-    ("components: datasets, scenarios and models, each with its registry", (
-        "raylf.data", "raylf.models")),
-    ("training: flat parameter vectors and local training, one client or a cohort", (
-        "raylf.training",)),
-    ("methods: the server and client halves, with their registry", ("raylf.methods",)),
-    ("resolution: a spec resolved against every registry", ("raylf.config",)),
-    ("runtime: rounds on workers, in process or on Ray, and one experiment's run", (
-        "raylf.runtime", "raylf.experiment")),
-    ("commands and tools: what a user runs", (
-        "raylf.run", "raylf.sweep", "raylf.report", "raylf.datasets", "raylf.diagnostics",
-        "raylf.preflight", "raylf.testing")),
-)
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def floors(page: Path = ARCHITECTURE) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The floors of docs/architecture.md's table, lowest first: (name, the dotted modules and
+    packages on it). The page users read is the one the code is held to."""
+    out = []
+    for match in re.finditer(r"^\| \d+ \| ([^|]+) \| ([^|]+) \|", page.read_text(), re.M):
+        paths = re.findall(r"`([^`]+)`", match.group(2))
+        out.append((match.group(1).strip(), tuple(
+            p.removesuffix("/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+            for p in paths)))
+    return tuple(out)
+
+
+FLOORS = floors()
 
 
 def modules(package: Path) -> dict[str, Path]:
@@ -93,7 +92,7 @@ def upward(edges: dict[str, set[str]]) -> list[str]:
     """Each import from a floor above the importer's, named with both floors."""
 
     def named(module: str) -> str:
-        return f"{module} ({FLOORS[floor_of(module)][0].split(':')[0]})"
+        return f"{module} ({FLOORS[floor_of(module)][0]})"
 
     return [f"{named(a)} imports {named(b)}" for a, targets in sorted(edges.items())
             for b in sorted(targets) if floor_of(b) > floor_of(a)]
@@ -144,3 +143,10 @@ def test_the_checks_see_a_circle_and_an_upward_import_inside_a_function(tmp_path
     assert edges["raylf.config"] == {"raylf.schema"}
     assert upward(edges) == ["raylf.schema (foundation) imports raylf.config (resolution)"]
     assert circles(edges) == ["raylf.config → raylf.schema → raylf.config"]
+
+
+def test_the_floors_are_read_from_the_architecture_page():
+    names = [name for name, _ in FLOORS]
+    assert names[0] == "foundation" and names[-1] == "commands and tools"
+    assert dict(FLOORS)["resolution"] == ("raylf.config",)
+    assert "raylf.sweep" in dict(FLOORS)["commands and tools"]

@@ -5,7 +5,6 @@ and the README stays a short tour."""
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import re
 import subprocess
@@ -167,80 +166,3 @@ def test_no_table_cell_is_a_wall_of_text(page):
     assert long == [], f"table cells over 600 characters (line, length): {long}"
 
 
-# ---- the architecture page's floors are the import graph ------------------------------------
-def floors() -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """docs/architecture.md's floor table (path prefix -> floor) and its list of arrows that
-    still run up (from, to)."""
-    text = (DOCS / "architecture.md").read_text()
-    floor_of: dict[str, int] = {}
-    for match in re.finditer(r"^\| (\d+) \| [^|]+ \| ([^|]+) \|", text, re.M):
-        for path in re.findall(r"`([^`]+)`", match.group(2)):
-            floor_of[path] = int(match.group(1))
-    section = text.split("Arrows that still run up", 1)[1].split("\n## ", 1)[0]
-    upward = re.findall(r"^\| `([^`]+)` \| `([^`]+)` \|", section, re.M)
-    return floor_of, upward
-
-
-def module_path(name: str) -> str | None:
-    """The file (or package folder's __init__) under ROOT that holds module ``name``."""
-    base = ROOT / Path(*name.split("."))
-    if (base / "__init__.py").is_file():
-        return f"{base.relative_to(ROOT).as_posix()}/__init__.py"
-    if base.with_suffix(".py").is_file():
-        return base.with_suffix(".py").relative_to(ROOT).as_posix()
-    return None
-
-
-def imported_modules(file: Path) -> set[str]:
-    """raylf modules ``file`` imports, at module level or inside functions; ``from raylf.x
-    import y`` counts y when y is a module, else x."""
-    module = file.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
-    package = module if file.name == "__init__.py" else module.rpartition(".")[0]
-    package = package.removesuffix(".__init__")
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(file.read_text())):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            for alias in node.names:
-                names.add(f"{base}.{alias.name}" if module_path(f"{base}.{alias.name}") else base)
-    return {name for name in names if name == "raylf" or name.startswith("raylf.")}
-
-
-def floor_of_file(path: str, floor_of: dict[str, int]) -> int | None:
-    """The floor of the longest listed prefix of ``path`` (a file, or the folder holding it)."""
-    match = max((p for p in floor_of if path == p or (p.endswith("/") and path.startswith(p))),
-                key=len, default=None)
-    return floor_of.get(match) if match else None
-
-
-def test_floors_match_the_import_graph():
-    floor_of, upward = floors()
-    files = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "raylf").rglob("*.py"))
-    unplaced = [f for f in files if floor_of_file(f, floor_of) is None]
-    assert unplaced == [], f"put these modules on a floor of docs/architecture.md: {unplaced}"
-    gone = [p for p in floor_of if not (ROOT / p).exists()]
-    assert gone == [], f"docs/architecture.md lists paths that no longer exist: {gone}"
-
-    def listed(path: str, prefix: str) -> bool:
-        return path == prefix or (prefix.endswith("/") and path.startswith(prefix))
-
-    up, seen_exceptions = [], set()
-    for file in files:
-        for name in imported_modules(ROOT / file):
-            target = module_path(name)
-            if target is None:
-                continue
-            if floor_of_file(target, floor_of) > floor_of_file(file, floor_of):
-                allowed = [(a, b) for a, b in upward if listed(file, a) and listed(target, b)]
-                if allowed:
-                    seen_exceptions.update(allowed)
-                else:
-                    up.append(f"{file} -> {target}")
-    assert up == [], "imports that reach a higher floor:\n" + "\n".join(sorted(set(up)))
-    stale = sorted(set(upward) - seen_exceptions)
-    assert stale == [], f"these arrows no longer run up: remove them from the page: {stale}"
