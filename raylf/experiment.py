@@ -12,7 +12,7 @@ from typing import Any
 
 from raylf import learning_check, metrics, results
 from raylf.checkpoints import CheckpointFolders
-from raylf.config import ExperimentSpec
+from raylf.config import ExperimentSpec, name_problem
 from raylf.data import build_federation
 from raylf.errors import SpecError
 from raylf.methods import METHODS
@@ -86,6 +86,9 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
     ``failed`` with the traceback, re-raised after the tables are written if ``reraise``.
     """
     trial_id = trial_id or default_trial_id(spec)
+    problem = name_problem(trial_id)
+    if problem is not None:  # it names the trial's files: no separator may take them elsewhere
+        raise SpecError([("trial_id", f"{problem} (got {trial_id!r})")])
     progress = progress or Progress()
     status, error, diverged_round = "ok", None, None
     started = time.perf_counter() - progress.wall_s
@@ -123,9 +126,9 @@ def run_experiment(spec: ExperimentSpec, *, backend: str = "local", out: str | N
             if outcome.diverged:
                 status, diverged_round = "diverged", rnd
                 error = (f"diverged in round {rnd}: a local loss was NaN/inf or above "
-                         f"federation.divergence_loss={spec.federation.divergence_loss:g}, or the "
-                         "aggregate was not finite; lower federation.optimizer.lr or set "
-                         "federation.optimizer.grad_clip")
+                         f"federation.divergence_loss={spec.federation.divergence_loss:g}, or a "
+                         "client's personal state or the aggregate was not finite; lower "
+                         "federation.optimizer.lr or set federation.optimizer.grad_clip")
             if on_round is not None:
                 taken = None
                 if due and not outcome.diverged:

@@ -56,7 +56,7 @@ Tensors = dict[str, torch.Tensor]
 class MethodParams(BaseModel):
     """Hyperparameters of a method; subclasses declare them with types, bounds and defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
 
 
 @dataclass(frozen=True)

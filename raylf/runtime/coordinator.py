@@ -20,7 +20,7 @@ from raylf.methods.base import Uploads
 from raylf.metrics import summarize
 from raylf.runtime.blueprint import Blueprint
 from raylf.seeding import stream
-from raylf.tree import map_leaves, tensor_bytes
+from raylf.tree import finite, map_leaves, tensor_bytes
 
 
 def own_storage(tensor: torch.Tensor) -> torch.Tensor:
@@ -131,9 +131,9 @@ class Coordinator:
         self.state, diagnostics = self.method.aggregate(self.state, uploads, rnd)
         record.update(diagnostics)
         request = self.method.collect(self.state, rnd)
-        if request is not None and _finite(self.state):
+        if request is not None and finite(self.state):
             diverged = self._collect(rnd, request, record)
-        if diverged or not _finite(self.state):
+        if diverged or not finite(self.state):
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)
         clients: list[dict[str, Any]] = []
@@ -273,16 +273,6 @@ def _improve(owner: np.ndarray, load: np.ndarray, sizes: np.ndarray) -> bool:
         owner[taken] = busiest
     load[busiest] -= shift
     load[other] += shift
-    return True
-
-
-def _finite(state: Any) -> bool:
-    if torch.is_tensor(state):
-        return bool(torch.isfinite(state).all()) if state.is_floating_point() else True
-    if isinstance(state, dict):
-        return all(_finite(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return all(_finite(v) for v in state)
     return True
 
 

@@ -28,6 +28,7 @@ from raylf.config import (
     _errors,
     load_raw,
     read_yaml,
+    safe_name,
     set_dotted,
     set_path,
     validate,
@@ -176,7 +177,7 @@ class MethodEntry(Strict):
 
 
 class SweepSpec(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str
     base: str | None = Field(None, description="path of the base experiment spec")
     experiment: dict[str, Any] | None = Field(None, description="inline base experiment")
     overrides: dict[str, Any] = Field(default_factory=dict, description="dotted fixed values")
@@ -214,6 +215,7 @@ class SweepSpec(Strict):
         "reads); every other trial that ended for good leaves no checkpoint behind")
 
     _axes = field_validator("grid")(_check_axes)
+    _name = field_validator("name")(safe_name)
 
     @field_validator("keep_final_states")
     @classmethod
