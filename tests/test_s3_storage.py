@@ -42,6 +42,16 @@ def test_a_query_string_in_storage_is_refused_naming_the_environment(tmp_path, c
     assert "--storage:" in err and "AWS_ENDPOINT_URL" in err and "Traceback" not in err
 
 
+def test_a_local_storage_path_is_made_absolute_before_anything_starts(tmp_path, monkeypatch):
+    """Tune refuses a relative storage path (after Ray started and the sweep was claimed), and
+    other processes have other working directories: ``--storage`` is resolved first."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert storage.storage_root("results/") == str(tmp_path / "results")
+    assert storage.storage_root("~/results") == str(tmp_path / "home" / "results")
+    assert storage.storage_root("s3://bucket/prefix") == "s3://bucket/prefix"
+
+
 def test_a_table_folder_can_be_read_while_trials_publish_into_it(tmp_path):
     """The report on a live sweep lists ``tables/<table>/`` while trials finish. A listing reads
     the names and then stats each: a staged file renamed away in between failed the whole listing
