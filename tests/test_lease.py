@@ -168,3 +168,22 @@ def test_on_s3_the_lease_is_a_conditional_put(s3, tmp_path):
     lease, taken = acquire(other, "s", clock=lambda: 61.0, on_lost=never_lost)
     assert taken == elsewhere(renewed=0.0) and _store(other).generations() == [6]
     lease.release()
+
+
+def test_on_another_filesystem_records_are_kept_the_same_way_but_not_atomically(tmp_path):
+    """``gs://`` and the like, through pyarrow (here pointed at a local folder): the same
+    records, a create that refuses an existing one, but no atomic create (the CLI says so)."""
+    import pyarrow.fs as pafs
+
+    from raylf.sweep.lease import _PyarrowStore
+
+    store = _PyarrowStore(pafs.LocalFileSystem(), str(tmp_path / FOLDER))
+    assert not store.atomic and store.generations() == [] and store.read(1) is None
+    assert store.create(1, b"first") and not store.create(1, b"second")
+    assert store.create(2, b"next")
+    store.write(2, b"renewed")
+    assert store.generations() == [1, 2] and store.read(1) == b"first"
+    assert store.read(2) == b"renewed"
+    store.delete(1)
+    store.delete(1)
+    assert store.generations() == [2]

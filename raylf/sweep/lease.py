@@ -135,6 +135,15 @@ class _Store:
 
     atomic = True
 
+    @staticmethod
+    def record_name(generation: int) -> str:
+        return f"{generation:08d}.json"
+
+    @staticmethod
+    def numbered(names: list[str]) -> list[int]:
+        """The generations of the record names among ``names``, in order."""
+        return sorted(int(n[:-5]) for n in names if re.fullmatch(r"\d+\.json", n))
+
     def remove_made(self) -> None:
         """Remove the folders the last create made (an object store has none)."""
 
@@ -147,14 +156,13 @@ class _LocalStore(_Store):
         self.made: list[Path] = []  # the folders a create made, deepest first
 
     def _path(self, generation: int) -> Path:
-        return self.folder / f"{generation:08d}.json"
+        return self.folder / self.record_name(generation)
 
     def generations(self) -> list[int]:
         try:
-            names = os.listdir(self.folder)
+            return self.numbered(os.listdir(self.folder))
         except FileNotFoundError:
             return []
-        return sorted(int(n[:-5]) for n in names if re.fullmatch(r"\d+\.json", n))
 
     def read(self, generation: int) -> bytes | None:
         try:
@@ -204,7 +212,7 @@ class _S3Store(_Store):
         self.client = boto3.session.Session().client("s3", region_name=region or None)
 
     def _key(self, generation: int) -> str:
-        return f"{self.prefix}/{generation:08d}.json"
+        return f"{self.prefix}/{self.record_name(generation)}"
 
     @contextlib.contextmanager
     def _errors(self, what: str):
@@ -224,7 +232,7 @@ class _S3Store(_Store):
                 Bucket=self.bucket, Prefix=f"{self.prefix}/")
             for page in pages:
                 names += [item["Key"].rsplit("/", 1)[-1] for item in page.get("Contents", [])]
-        return sorted(int(n[:-5]) for n in names if re.fullmatch(r"\d+\.json", n))
+        return self.numbered(names)
 
     def read(self, generation: int) -> bytes | None:
         with self._errors("read"):
@@ -259,6 +267,7 @@ class _S3Store(_Store):
         with self._errors("delete in"):
             self.client.delete_object(Bucket=self.bucket, Key=self._key(generation))
 
+
 class _PyarrowStore(_Store):
     """Lease records on any other filesystem pyarrow opens (``gs://``): no conditional put, so
     a create checks and then writes (not atomic)."""
@@ -269,12 +278,11 @@ class _PyarrowStore(_Store):
         self.fs, self.folder = fs, folder
 
     def _path(self, generation: int) -> str:
-        return f"{self.folder}/{generation:08d}.json"
+        return f"{self.folder}/{self.record_name(generation)}"
 
     def generations(self) -> list[int]:
         found = self.fs.get_file_info(pafs.FileSelector(self.folder, allow_not_found=True))
-        return sorted(int(i.base_name[:-5]) for i in found
-                      if re.fullmatch(r"\d+\.json", i.base_name))
+        return self.numbered([i.base_name for i in found])
 
     def read(self, generation: int) -> bytes | None:
         try:
@@ -286,6 +294,7 @@ class _PyarrowStore(_Store):
     def create(self, generation: int, data: bytes) -> bool:
         if self.fs.get_file_info(self._path(generation)).type != pafs.FileType.NotFound:
             return False
+        self.fs.create_dir(self.folder, recursive=True)
         self.write(generation, data)
         return True
 
