@@ -57,10 +57,9 @@ def check_uri(root: str, flag: str = "--storage") -> None:
 
 def filesystem(root: str | Path) -> tuple[pafs.FileSystem, str]:
     """The filesystem holding ``root`` and ``root``'s path on it."""
-    root = str(root)
+    root = storage_root(str(root))
     if "://" not in root:
-        return pafs.LocalFileSystem(), str(Path(root).expanduser().resolve())
-    check_uri(root)
+        return pafs.LocalFileSystem(), root
     return pafs.FileSystem.from_uri(root)
 
 
