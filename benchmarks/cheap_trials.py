@@ -35,6 +35,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.local_ray import warn_token_auth_off  # noqa: E402
 from raylf.experiment import run_experiment  # noqa: E402
 from raylf.sweep.spec import load_sweep  # noqa: E402
 
@@ -98,6 +99,7 @@ def sweep_wall(spec_path: Path, cores: int, trials: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    warn_token_auth_off({"RAY_AUTH_MODE": "disabled"})  # what sweep_wall's drivers run with
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=10, help="rounds of every trial")

@@ -71,6 +71,7 @@ from flwr.app import (  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
+from local_ray import warn_token_auth_off  # noqa: E402
 from peer_workload import PeerNet, derive_seed, initial_net, load_workload  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -298,6 +299,7 @@ def run(workload: str, num_cpus: float | None, timeout: float, verbose: bool) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    warn_token_auth_off()
     parser.add_argument("--workload", required=True, help="input .npz workload")
     parser.add_argument("--out", required=True, help="output JSON file")
     parser.add_argument("--num-cpus", type=float, default=None,

@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks import workloads as W  # noqa: E402
+from benchmarks.local_ray import warn_token_auth_off  # noqa: E402
 from benchmarks.run import describe_machine  # noqa: E402
 from raylf.experiment import run_experiment  # noqa: E402
 
@@ -94,6 +95,7 @@ class GpuSampler:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    warn_token_auth_off()
     parser.add_argument("--out", required=True, help="directory for gpu_check.json")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=4)

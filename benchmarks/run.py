@@ -52,6 +52,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from benchmarks import workloads as W  # noqa: E402
+from benchmarks.local_ray import warn_token_auth_off  # noqa: E402
 from raylf.data.federation import build_federation  # noqa: E402
 from raylf.experiment import run_experiment  # noqa: E402
 from raylf.runtime.blueprint import Blueprint  # noqa: E402
@@ -664,6 +665,7 @@ def write(rows: list[dict[str, Any]], machine: dict[str, Any], out_dir: Path) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    warn_token_auth_off()
     parser.add_argument("--quick", action="store_true",
                         help="small sizes, one repeat, no peers: Flower, pfl (the smoke test)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))

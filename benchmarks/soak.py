@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import yaml
+from local_ray import warn_token_auth_off  # this script's folder
 from pydantic import Field
 
 from raylf.methods import METHODS
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     root = out / "soak"
     env = {**os.environ, "RAYLF_PLUGINS": "soak", "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(ROOT)])}
+    warn_token_auth_off(env)
     command = [sys.executable, "-m", "raylf.sweep", str(spec), "--storage", str(out)]
     started = time.monotonic()
 

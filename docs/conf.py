@@ -46,9 +46,7 @@ NAV: list[tuple[str, list[str]]] = [
     ("Project", ["changelog"]),
 ]
 # pages named in NAV whose files other work in progress adds (page: who writes it)
-PENDING = {
-    "security": "issue 41, the trust model",
-}
+PENDING: dict[str, str] = {}
 
 
 def present(page: str) -> bool:

@@ -17,6 +17,7 @@ from raylf.data import build_federation
 from raylf.errors import SpecError
 from raylf.runtime import Blueprint, open_runtime
 from raylf.runtime.coordinator import RoundOutcome
+from raylf.schema import name_problem
 
 
 class RecordedStop(Exception):
@@ -85,6 +86,9 @@ def run_experiment(spec: ResolvedSpec, *, backend: str = "local", out: str | Non
     ``failed`` with the traceback, re-raised after the tables are written if ``reraise``.
     """
     trial_id = trial_id or default_trial_id(spec)
+    problem = name_problem(trial_id)
+    if problem is not None:  # it names the trial's files: no separator may take them elsewhere
+        raise SpecError([("trial_id", f"{problem} (got {trial_id!r})")])
     progress = progress or Progress()
     status, error, diverged_round = "ok", None, None
     started = time.perf_counter() - progress.wall_s
@@ -124,9 +128,9 @@ def run_experiment(spec: ResolvedSpec, *, backend: str = "local", out: str | Non
             if outcome.diverged:
                 status, diverged_round = "diverged", rnd
                 error = (f"diverged in round {rnd}: a local loss was NaN/inf or above "
-                         f"federation.divergence_loss={spec.federation.divergence_loss:g}, or the "
-                         "aggregate was not finite; lower federation.optimizer.lr or set "
-                         "federation.optimizer.grad_clip")
+                         f"federation.divergence_loss={spec.federation.divergence_loss:g}, or a "
+                         "client's personal state or the aggregate was not finite; lower "
+                         "federation.optimizer.lr or set federation.optimizer.grad_clip")
             if on_round is not None:
                 taken = None
                 if due and not outcome.diverged:

@@ -14,6 +14,8 @@ import sys
 from raylf.config import ResolvedSpec, load_spec
 from raylf.errors import SpecError
 from raylf.runtime import BACKENDS
+from raylf.schema import name_problem
+from raylf.storage import storage_root
 
 EXIT_FAILED, EXIT_SPEC, EXIT_DIVERGED = 1, 2, 3
 
@@ -71,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     from raylf.preflight import check_runnable
 
     try:
+        out = storage_root(args.out, "--out")
         spec = load_spec(args.spec, args.overrides)
+        problem = None if args.trial_id is None else name_problem(args.trial_id)
+        if problem is not None:
+            raise SpecError([("--trial-id", f"{problem} (got {args.trial_id!r})")])
         standins = check_runnable([spec]).standins()
     except SpecError as err:
         print(err, file=sys.stderr)
@@ -101,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         enforce_time_budget(spec, progress)
 
     try:
-        result = run_experiment(spec, backend=args.backend, out=args.out,
+        result = run_experiment(spec, backend=args.backend, out=out,
                                 trial_id=args.trial_id, on_round=report)
     except SpecError as err:
         print(err, file=sys.stderr)
@@ -116,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     print("tables:")
     for name, path in result.paths.items():
         print(f"  {name}: {path}")
-    print(f"load them with: raylf.results.load({args.out!r})")
+    print(f"load them with: raylf.results.load({out!r})")
     if standins:
         print(standin_notice(spec))
     return {"ok": 0, "diverged": EXIT_DIVERGED}.get(result.status, EXIT_FAILED)

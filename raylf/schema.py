@@ -51,8 +51,32 @@ def read_yaml(text: str) -> Any:
     return yaml.load(text, Loader=SpecLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+# A name becomes a folder or file name under the storage root (a sweep's directory, a trial's
+# tables): no separator can take it elsewhere, and no leading dot can make it ``.``, ``..`` or
+# hidden.
+NAME_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]*$"
+
+
+def name_problem(value: str) -> str | None:
+    """Why ``value`` cannot name a sweep, an experiment or a trial; None when it can."""
+    if re.fullmatch(NAME_PATTERN, value):
+        return None
+    return ("a name becomes a folder or file name under the storage: use letters, digits, "
+            f"'_', '-' and '.', and do not start with '.' (pattern {NAME_PATTERN})")
+
+
+def safe_name(value: str) -> str:
+    """A pydantic field validator: :func:`name_problem` as a validation error."""
+    problem = name_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # every number finite: an infinite lr or timeout is a typo, never a setting (a disabled
+    # option is null), and would only surface later as a diverged or never-ending run
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class Component(BaseModel):
@@ -177,6 +201,7 @@ class ResourceSpec(Strict):
 
 class ExperimentSpec(Strict):
     name: str = "experiment"
+    _name = field_validator("name")(safe_name)
     seed: int = Field(0, ge=0)
     dataset: Component
     scenario: Component

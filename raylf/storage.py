@@ -6,6 +6,8 @@ from the environment every process reads: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION`` (pyarrow's S3 filesystem, Tune's and boto3 all take
 them). Options in the URI's query string (``?endpoint_override=…``) are refused: raylf builds
 every path by appending to the storage root, which would put them in the middle of the path.
+So are credentials in the URI (``s3://KEY:SECRET@bucket``), which every message, Tune's state
+and the report would repeat.
 """
 
 from __future__ import annotations
@@ -21,18 +23,43 @@ import pyarrow.fs as pafs
 
 from raylf.errors import SpecError
 
+_ENVIRONMENT = ("set the endpoint and credentials in the environment of every node: "
+                "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION")
+
+
+def storage_root(root: str, flag: str = "--storage") -> str:
+    """``root`` as every process must read it, checked before anything starts: a local path made
+    absolute (Tune refuses a relative one, and other processes have other working directories),
+    a URI without credentials or options (:func:`check_uri`)."""
+    if "://" not in root:
+        return str(Path(root).expanduser().resolve())
+    check_uri(root, flag)
+    return root
+
+
+def check_uri(root: str, flag: str = "--storage") -> None:
+    """Refuse a URI that carries credentials (``s3://KEY:SECRET@bucket``: they would be echoed
+    in the console, error messages, Tune's state and the report, so the message withholds the
+    whole authority) or options (``?endpoint_override=…``: raylf appends paths to the root,
+    which would put them in the middle of the path)."""
+    scheme, _, rest = root.partition("://")
+    authority = rest.split("/", 1)[0]
+    if "@" in authority or (":" in authority and scheme in ("s3", "gs", "gcs")):
+        raise SpecError([(flag, (
+            f"the {scheme}:// URI carries credentials before its bucket (user:secret@), which "
+            "are refused and not printed here: give the bare URI (s3://bucket/prefix) and "
+            + _ENVIRONMENT))])
+    if "?" in root:
+        raise SpecError([(flag, (
+            f"{root} carries options in a query string, which raylf cannot append paths to; "
+            "give the bare URI (s3://bucket/prefix) and " + _ENVIRONMENT))])
+
 
 def filesystem(root: str | Path) -> tuple[pafs.FileSystem, str]:
     """The filesystem holding ``root`` and ``root``'s path on it."""
-    root = str(root)
+    root = storage_root(str(root))
     if "://" not in root:
-        return pafs.LocalFileSystem(), str(Path(root).expanduser().resolve())
-    if "?" in root:
-        raise SpecError([("--storage", (
-            f"{root} carries options in a query string, which raylf cannot append paths to; "
-            "give the bare URI (s3://bucket/prefix) and set the endpoint and credentials in the "
-            "environment of every node: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
-            "AWS_SECRET_ACCESS_KEY, AWS_REGION"))])
+        return pafs.LocalFileSystem(), root
     return pafs.FileSystem.from_uri(root)
 
 

@@ -28,6 +28,12 @@ def leaves(tree: Any, leaf: type | tuple[type, ...]) -> list[Any]:
     return found
 
 
+def finite(tree: Any) -> bool:
+    """Whether every floating-point tensor in ``tree`` is free of NaN and infinity."""
+    return all(bool(torch.isfinite(t).all()) for t in leaves(tree, torch.Tensor)
+               if t.is_floating_point())
+
+
 def tensor_bytes(message) -> int:
     """Bytes on the wire for a message: tensors and arrays by size, Python scalars as 8 bytes."""
     if message is None:

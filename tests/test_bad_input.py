@@ -91,6 +91,30 @@ EXPERIMENTS = [
      "dataset.normalize", "use standard (per feature, on the training split) or none"),
     ("normalize-on-token-ids", {"dataset": {"name": "shakespeare", "normalize": "standard"}}, [],
      "dataset.normalize", "remove dataset.normalize"),
+    # every number finite: an infinite value is refused (exit 2), not run into a divergence
+    ("infinite-lr", {}, ["federation.optimizer.lr=inf"], "federation.optimizer.lr",
+     "finite number"),
+    ("infinite-weight-decay", {"federation__optimizer__weight_decay": float("inf")}, [],
+     "federation.optimizer.weight_decay", "finite number"),
+    ("infinite-grad-clip", {}, ["federation.optimizer.grad_clip=.inf"],
+     "federation.optimizer.grad_clip", "finite number"),
+    ("infinite-divergence-loss", {}, ["federation.divergence_loss=inf"],
+     "federation.divergence_loss", "finite number"),
+    ("nan-divergence-loss", {}, ["federation.divergence_loss=nan"],
+     "federation.divergence_loss", "finite number"),
+    ("infinite-round-timeout", {}, ["resources.round_timeout_s=inf"],
+     "resources.round_timeout_s", "finite number"),
+    ("infinite-trial-timeout", {}, ["resources.trial_timeout_s=inf"],
+     "resources.trial_timeout_s", "finite number"),
+    ("infinite-method-param", {}, ["method.name=fedprox", "method.params.mu=inf"],
+     "method.params.mu", "finite number"),
+    ("infinite-dataset-param", {"dataset": {"name": "synthetic", "separation": float("inf")}},
+     [], "dataset.separation", "finite number"),
+    # a name becomes a folder or file name under the storage: nothing may take it elsewhere
+    ("name-with-separators", {"name": "../escaped"}, [], "name", "do not start with '.'"),
+    ("name-dot", {}, ["name=."], "name", "do not start with '.'"),
+    ("name-dot-dot", {}, ["name=.."], "name", "do not start with '.'"),
+    ("name-with-slash", {}, ["name=a/b"], "name", "letters, digits, '_', '-' and '.'"),
 ]
 
 
@@ -100,6 +124,34 @@ def test_bad_experiment_spec(tmp_path, capsys, changes, overrides, field, fix):
     code = run.main([str(experiment_file(tmp_path, **changes)), "--out", str(tmp_path / "out"),
                      "--backend", "local", *(f"--set={o}" for o in overrides)])
     assert_refused(code, capsys.readouterr().err, field, fix, tmp_path / "out")
+
+
+def test_a_trial_id_that_would_escape_the_out_folder_is_refused(tmp_path, capsys):
+    out = tmp_path / "deep" / "out"
+    code = run.main([str(experiment_file(tmp_path)), "--out", str(out), "--backend", "local",
+                     "--trial-id", "../../escaped"])
+    assert_refused(code, capsys.readouterr().err, "--trial-id", "do not start with '.'",
+                   tmp_path / "deep")
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
+@pytest.mark.parametrize("uri", [
+    "s3://AKIAEXAMPLEKEY:wJalrXUtnFEMI/K7MDENG+bPxRfiCY@bucket/sweeps",  # a secret may hold /
+    "s3://AKIAEXAMPLEKEY:wJalrXUtnFEMIK7MDENGbPxRfiCY@bucket/sweeps",
+    "s3://AKIAEXAMPLEKEY@bucket/sweeps",
+], ids=["key-and-secret-with-slash", "key-and-secret", "key"])
+@pytest.mark.parametrize("cli", ["run", "sweep"])
+def test_credentials_in_a_storage_uri_are_refused_and_never_printed(tmp_path, capsys, uri, cli):
+    if cli == "run":
+        code = run.main([str(experiment_file(tmp_path)), "--out", uri, "--backend", "local"])
+    else:
+        code = sweep_cli.main([str(write_sweep(tmp_path)), "--storage", uri])
+    printed = capsys.readouterr()
+    flag = "--out" if cli == "run" else "--storage"
+    assert_refused(code, printed.err, flag, "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY")
+    assert "credentials" in printed.err
+    for secret in ("AKIAEXAMPLEKEY", "wJalrXUtnFEMI", "bPxRfiCY"):
+        assert secret not in printed.out + printed.err
 
 
 def test_a_method_check_and_a_field_error_exit_2_in_one_message(tmp_path, capsys):
@@ -229,6 +281,10 @@ SWEEPS = [
      "greater than or equal to 1"),
     ("unknown-sweep-field", {"seed": 1}, [], "seed", "unknown field"),
     ("sweep-name-pattern", {"name": "my sweep!"}, [], "name", "pattern"),
+    ("sweep-name-dot-dot", {"name": ".."}, [], "name", "do not start with '.'"),
+    ("sweep-name-escaping", {}, ["--name", "../escaped"], "name", "do not start with '.'"),
+    ("infinite-sweep-number", {"checkpoint_min_s": float("inf")}, [], "checkpoint_min_s",
+     "finite number"),
     ("base-and-inline-experiment", {"base": "tune/examples/digits_label_skew.yaml"}, [],
      "<root>", "give exactly one of base"),
     ("resume-without-sweep", {}, ["--resume"], "--resume", "run without --resume"),
@@ -259,6 +315,21 @@ def test_sweep_directory_holding_another_sweep(ray_cluster, tmp_path, capsys):
     code = sweep_cli.main([str(write_sweep(tmp_path)), "--storage", str(tmp_path / "out")])
     assert_refused(code, capsys.readouterr().err, "name", "choose another --name or --storage",
                    folder / "tables")
+
+
+def test_a_non_empty_directory_that_holds_no_sweep_is_refused_without_force(tmp_path, capsys):
+    """A folder that is not a sweep's (here: someone's files where the sweep would go) is
+    neither adopted nor touched; ``--force`` is the way to run there all the same."""
+    from raylf.sweep.claim import check_same_sweep
+
+    folder = tmp_path / "out" / "t"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("not a sweep")
+    code = sweep_cli.main([str(write_sweep(tmp_path)), "--storage", str(tmp_path / "out")])
+    assert_refused(code, capsys.readouterr().err, "--storage", "pass --force",
+                   folder / "sweep.json", folder / ".lease")
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    check_same_sweep(str(folder), {"trial_ids": []}, force=True)  # --force: no objection
 
 
 def test_unwritable_storage_path(ray_cluster, tmp_path, capsys):

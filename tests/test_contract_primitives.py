@@ -202,6 +202,30 @@ def test_divergence_of_any_fit_ends_the_run(toy):
     assert result.status == "diverged" and result.trial["diverged_round"] == 1
 
 
+class NanHeads(FedAvgSE):
+    """Private heads that turn NaN in the last round while every loss and the uploaded encoder
+    stay finite: nothing the server sees diverges, and no later fit starts from them, only the
+    final evaluation scores them."""
+
+    name = "toy_nan_heads"
+
+    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
+        update = super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
+        if rnd == self.ctx.rounds:
+            update.personal = torch.full_like(update.personal, math.nan)
+        return update
+
+
+def test_a_personal_state_that_is_not_finite_ends_the_run_as_diverged(toy):
+    toy(NanHeads)
+    spec = validate(small_spec_dict(method__name="toy_nan_heads", resources__cohort="off"))
+    result = run_experiment(spec)
+    last = spec.federation.rounds
+    assert result.status == "diverged" and result.trial["diverged_round"] == last
+    assert "personal state" in result.error
+    assert all(math.isfinite(r["loss"]) for r in result.tables["rounds"])
+
+
 def test_trainer_primitives(small_spec):
     spec = small_spec()
     bp = Blueprint(spec, build_federation(spec))

@@ -346,6 +346,35 @@ def test_broken_archive_is_rejected(tmp_path: Path, root: Path) -> None:
     assert _leftovers(folder) == []
 
 
+def test_a_full_disk_while_unpacking_keeps_the_verified_download(
+    source: Path, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a broken archive is removed: a write the disk refuses (here every file the tar
+    unpacks, as a full disk does) says nothing about the archive, which stays verified, so the
+    next fetch unpacks it without a download. (tests/faults/test_data_faults.py fills a real
+    disk.)"""
+    import errno
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    m = _manifest(source)
+    with monkeypatch.context() as patch:
+        patch.setattr(tarfile.TarFile, "makefile", full_disk)
+        with pytest.raises(DatasetError) as err:
+            fetch("toy", root=root, manifest=m)
+    msg = str(err.value)
+    assert "cannot unpack toy.tar.gz" in msg and "No space left on device" in msg
+    assert "verified download was kept" in msg and "broken archive" not in msg
+    folder = root / "toy"
+    assert (folder / "toy.tar.gz").read_bytes() == (source / "toy.tar.gz").read_bytes()
+    assert not (folder / MARKER).exists() and not (folder / "toy").exists()
+    assert _leftovers(folder) == []
+    (source / "toy.tar.gz").unlink()  # no second download: the kept archive is unpacked
+    fetch("toy", root=root, manifest=m)
+    assert (folder / "toy" / "toy" / "data_batch_1").read_bytes() == MEMBERS["toy/data_batch_1"]
+
+
 def test_unsafe_archive_member_is_rejected(tmp_path: Path, root: Path) -> None:
     evil = _tar_gz({"../escape.txt": b"x"})
     (tmp_path / "evil.tar.gz").write_bytes(evil)
@@ -778,6 +807,54 @@ def test_cifar_batches_swapped_after_the_fetch_are_never_unpickled(
     assert repair in str(verified.value)
     fetch("cifar10", root=root, force=True)  # the repair the message names
     assert np_equal(_load_cifar10(root).x, data.x) and not canary.exists()
+
+
+def _python2_pickle(obj) -> bytes:
+    """``obj`` pickled as the real CIFAR archives were, by Python 2: protocol 2, byte strings as
+    Python 2's ``str`` (BINSTRING, where Python 3 would call ``_codecs.encode``) and numpy's
+    reconstructor under its old module, ``numpy.core.multiarray``."""
+    import pickle
+    import struct
+
+    class Python2(pickle._Pickler):
+        dispatch = dict(pickle._Pickler.dispatch)
+
+        def save_bytes(self, data: bytes) -> None:
+            if len(data) < 256:
+                self.write(pickle.SHORT_BINSTRING + bytes([len(data)]) + data)
+            else:
+                self.write(pickle.BINSTRING + struct.pack("<i", len(data)) + data)
+            self.memoize(data)
+
+        dispatch[bytes] = save_bytes
+
+    buffer = io.BytesIO()
+    Python2(buffer, protocol=2).dump(obj)
+    return buffer.getvalue().replace(b"cnumpy._core.multiarray\n", b"cnumpy.core.multiarray\n")
+
+
+def test_cifar_pickles_load_with_no_global_but_numpys_arrays(tmp_path: Path) -> None:
+    """The restricted unpickler reads the real archives' format (a Python 2 batch); a pickle
+    that names any other global is refused before that global is called."""
+    import pickle
+
+    import numpy as np
+
+    from raylf.data.sources import CifarUnpickler
+
+    rows = np.random.default_rng(0).integers(0, 256, (4, 3072), dtype=np.uint8)
+    batch = _python2_pickle({b"batch_label": b"training batch 1 of 5", b"labels": [3, 1, 4, 1],
+                             b"data": rows, b"filenames": [b"a.png", b"b.png", b"c.png",
+                                                            b"d.png"]})
+    assert b"cnumpy.core.multiarray\n_reconstruct\n" in batch and b"_codecs" not in batch
+    loaded = CifarUnpickler(io.BytesIO(batch), encoding="latin1").load()
+    assert np.array_equal(loaded["data"], rows) and loaded["labels"] == [3, 1, 4, 1]
+    assert loaded["batch_label"] == "training batch 1 of 5"
+    canary = tmp_path / "unpickled"
+    for forged in (pickle.dumps(_Canary(canary)), _python2_pickle(_Canary(canary))):
+        with pytest.raises(pickle.UnpicklingError, match=r"refers to (posix|nt)\.mkdir"):
+            CifarUnpickler(io.BytesIO(forged), encoding="latin1").load()
+    assert not canary.exists()
 
 
 def np_equal(a, b) -> bool:

@@ -5,8 +5,10 @@ user's shell does: the endpoint and the credentials in the environment, nothing 
 from __future__ import annotations
 
 import io
+import json
 import logging
 import re
+import socket
 import threading
 import traceback
 
@@ -38,6 +40,16 @@ def test_a_query_string_in_storage_is_refused_naming_the_environment(tmp_path, c
     assert sweep_cli.main([str(spec), "--storage", storage]) == 2
     err = capsys.readouterr().err
     assert "--storage:" in err and "AWS_ENDPOINT_URL" in err and "Traceback" not in err
+
+
+def test_a_local_storage_path_is_made_absolute_before_anything_starts(tmp_path, monkeypatch):
+    """Tune refuses a relative storage path (after Ray started and the sweep was claimed), and
+    other processes have other working directories: ``--storage`` is resolved first."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert storage.storage_root("results/") == str(tmp_path / "results")
+    assert storage.storage_root("~/results") == str(tmp_path / "home" / "results")
+    assert storage.storage_root("s3://bucket/prefix") == "s3://bucket/prefix"
 
 
 def test_a_table_folder_can_be_read_while_trials_publish_into_it(tmp_path):
@@ -224,3 +236,34 @@ def test_outage_then_driver_kill_then_rerun_keeps_every_trial_once_on_s3(s3, tmp
     assert f"{root}: 2 trials (2 ok)" in printed
     assert f"report: {root}/report/report.md" in printed
     assert read_object(f"{root}/report/report.md").decode() in printed
+
+
+@pytest.mark.slow
+def test_a_second_driver_on_a_running_s3_sweep_exits_2_naming_the_first(s3, tmp_path):
+    """The lease on S3 (a conditional put): while the first driver runs, a second of the same
+    command exits 2 naming it; the first finishes with every trial once and frees the lease."""
+    gate = tmp_path / "round2.gate"
+    spec = write_sweep(
+        tmp_path, seeds=[0, 1], max_concurrent=1, overrides={"federation.rounds": ROUNDS},
+        methods=[{"name": "gated_fedavg_se", "params": {"gate_round": 2, "gate_file": str(gate)}}],
+        resources={"workers": 1, "cpus_per_worker": 0.5})
+    storage = s3.uri(tmp_path.name)
+    root = f"{storage}/t"
+    first = start_sweep(spec, storage, **PLUGINS, **s3.env())
+    try:
+        wait_for(gate.exists, 240, "the first trial to reach round 2", first)
+        second = run_sweep(spec, storage, **PLUGINS, **s3.env())
+        gate.with_name(gate.name + ".release").touch()
+        out, err = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            kill_group(first)
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert f"--storage: {root} is in use by another sweep driver: driver pid {first.pid} on " \
+           f"host {socket.gethostname()} (this sweep), running since" in second.stderr
+    assert "sweep t:" not in second.stdout and "Traceback" not in second.stderr
+    assert first.returncode == 0, err[-3000:]
+    trials = results.load(root)["trials"]
+    assert len(trials) == 2 and trials["trial_id"].is_unique and set(trials["status"]) == {"ok"}
+    (record,) = [o for o in s3_objects(root) if "/.lease/" in o]
+    assert json.loads(read_object(record))["released"]

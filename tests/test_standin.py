@@ -177,6 +177,54 @@ def test_tampered_standin_cifar_batch_is_never_unpickled(root: Path, tmp_path: P
     assert np.array_equal(_load("cifar10", base).x, before.x) and not canary.exists()
 
 
+def test_a_forged_standin_cifar_batch_runs_no_code_and_is_refused_naming_the_file(
+        root: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A stand-in's marker records its own digests, so whoever can write a cache (a shared
+    RAYLF_DATA, a copied cache) can forge one whose batch hashes as recorded: a pickle that
+    runs code as it loads. It is refused before anything starts, naming the file, and runs
+    nothing."""
+    from tests.test_bad_input import assert_refused
+
+    base = tmp_path / "standins"
+    folder = shutil.copytree(root / "cifar10", base / "cifar10")
+    batch = folder / "cifar-10-python" / "cifar-10-batches-py" / "data_batch_3"
+    canary = tmp_path / "unpickled"
+    forged = pickle.dumps(_Canary(canary))
+    batch.write_bytes(forged)
+    marker = _marker(folder)
+    for member in marker["files"][0]["members"]:
+        if member["path"].endswith("data_batch_3"):
+            member["sha256"] = hashlib.sha256(forged).hexdigest()
+    (folder / MARKER).write_text(json.dumps(marker))
+    assert verify("cifar10", base) == folder  # every digest as its marker records
+    spec = small_spec_dict(dataset={"name": "cifar10", "root": str(base)},
+                           model={"name": "mlp", "hidden": [8]})
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
+    code = run_main([str(tmp_path / "spec.yaml"), "--out", str(tmp_path / "out"),
+                     "--backend", "local"])
+    err = capsys.readouterr().err
+    assert_refused(code, err, "dataset.name", f"{batch} is not a CIFAR file", tmp_path / "out")
+    assert "mkdir, which no CIFAR file holds" in err
+    assert f"python -m raylf.datasets standin cifar10 --root {base}" in err
+    assert not canary.exists()
+
+
+def test_mnist_reads_its_verified_idx_files_never_torchvisions_processed_ones(
+        root: Path, tmp_path: Path) -> None:
+    """torchvision's MNIST loads ``processed/{training,test}.pt`` instead of the IDX files where
+    they exist: files no manifest describes and no fetch verified."""
+    base = tmp_path / "standins"
+    folder = shutil.copytree(root / "mnist", base / "mnist")
+    before = _load("mnist", base)
+    (folder / "processed").mkdir()
+    for name in ("training.pt", "test.pt"):
+        torch.save((torch.zeros(5, 28, 28, dtype=torch.uint8), torch.zeros(5, dtype=torch.int64)),
+                   folder / "processed" / name)
+    after = _load("mnist", base)
+    assert np.array_equal(after.x, before.x) and np.array_equal(after.y, before.y)
+    assert after.x.shape == IMAGES["mnist"][0]
+
+
 def test_a_standin_is_never_written_over_real_data(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture) -> None:
     real = mark_complete(tmp_path, "mnist")

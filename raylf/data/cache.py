@@ -207,7 +207,7 @@ def verify(
     against the manifest (a stand-in: against the digests its marker records; slow, thorough)."""
     folder = require(name, root, manifest)
     manifest = _fetched_against(folder, _resolve_manifest(name, manifest))
-    fix = _refetch(name, folder)
+    fix = repair_command(name, folder)
     for spec in manifest.files:
         checked = [(spec, folder / spec.filename)] if spec.verified else []
         checked += [(member, folder / (spec.target or "") / member.path)
@@ -240,14 +240,16 @@ def read_verified(folder: Path, relative: str, manifest: Manifest | None = None)
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise DatasetError(f"cannot read {path}: {exc}; {_refetch(name, folder)}") from exc
+        raise DatasetError(f"cannot read {path}: {exc}; {repair_command(name, folder)}") from exc
     member = members[relative]
     actual = {alg: hashlib.new(alg, data).hexdigest() for alg in member.digests}
-    check_digests(member, actual, str(path), f"it was not read; {_refetch(name, folder)}")
+    check_digests(member, actual, str(path), f"it was not read; {repair_command(name, folder)}")
     return data
 
 
-def _refetch(name: str, folder: Path) -> str:
+def repair_command(name: str, folder: Path) -> str:
+    """What rewrites the dataset ``name`` in its cache folder ``folder``: the fetch, or for a
+    stand-in its writer."""
     if (read_marker(folder) or {}).get("origin") == STANDIN:
         return f"write the stand-in again with: {STANDIN_COMMAND} {name} --root {folder.parent}"
     return f"repair the cache with: {FETCH_COMMAND} {name} --force --root {folder.parent}"
@@ -288,7 +290,7 @@ def _fetched_against(folder: Path, manifest: Manifest) -> Manifest:
     state = _state(folder, manifest)
     if state is None:
         raise DatasetError(f"{folder} holds no complete fetch of {manifest.name!r}; "
-                           f"{_refetch(manifest.name, folder)}")
+                           f"{repair_command(manifest.name, folder)}")
     return state[1]
 
 

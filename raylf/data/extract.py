@@ -4,7 +4,7 @@ The archive is unpacked into a temporary folder next to its target and renamed i
 target is either the complete tree or absent. Members with absolute or ``..`` paths, links and
 device files are refused; the files the manifest lists as the archive's ``members`` must be there
 with their digests. A broken archive, or one whose members do not match, is removed and raises
-:class:`DatasetError`.
+:class:`DatasetError`; one that cannot be unpacked for want of space or permissions is kept.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ from pathlib import Path, PurePosixPath
 from raylf.data import atomic_files
 from raylf.data.download import check_digests, hash_file
 from raylf.data.manifest import DatasetError, FileSpec, archive_suffix
+
+# What a damaged archive raises while it is read. gzip's BadGzipFile is an OSError, but every
+# other OSError (a full disk, a folder without write permission) says nothing about the
+# archive, which is then kept.
+FORMAT_ERRORS = (tarfile.TarError, zipfile.BadZipFile, gzip.BadGzipFile, EOFError, ValueError,
+                 zlib.error)
 
 
 def extract(spec: FileSpec, folder: Path) -> None:
@@ -41,19 +47,17 @@ def extract(spec: FileSpec, folder: Path) -> None:
                 produced = tmp / "data"
                 with gzip.open(archive, "rb") as src, produced.open("wb") as dst:
                     shutil.copyfileobj(src, dst, atomic_files.CHUNK)
-        except (
-            tarfile.TarError,
-            zipfile.BadZipFile,
-            gzip.BadGzipFile,
-            EOFError,
-            OSError,
-            ValueError,
-            zlib.error,
-        ) as exc:
+        except FORMAT_ERRORS as exc:
             _discard(archive)
             raise DatasetError(
                 f"broken archive {spec.filename}: {type(exc).__name__}: {exc} "
                 f"(expected a valid {suffix} archive; the file was removed)"
+            ) from exc
+        except OSError as exc:  # the disk, not the archive: keep the verified download
+            raise DatasetError(
+                f"cannot unpack {spec.filename} into {folder}: {exc}. The verified download "
+                f"was kept; free space (or fix the permissions) there and fetch again: it is "
+                "unpacked without downloading it again"
             ) from exc
         try:
             _check_members(spec, produced)

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class ScenarioParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
     test_fraction: float = Field(0.25, gt=0, lt=1, description="share of each client's samples")
     val_fraction: float = Field(
         0.0, ge=0, lt=1, description="share of each client's samples held out of training for "

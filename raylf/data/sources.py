@@ -18,7 +18,8 @@ raylf cannot vouch for: the default of a source that does not say).
 
 from __future__ import annotations
 
-import os
+import io
+import pickle
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from raylf.data import text
+from raylf.data.manifest import DatasetError
 from raylf.registry import Registry
 
 Normalize = Literal["standard", "unit", "none"]
@@ -35,7 +37,7 @@ SPLITS = ("train", "val", "test")  # values of an npz's split array, coded by po
 
 
 class SourceParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
     normalize: Normalize = Field(
         "standard", description="standard: per-channel mean/std (published constants for "
                                 "torchvision's sets, else the pooled training split); unit: "
@@ -293,40 +295,97 @@ def _locate(name: str, root: str | None) -> tuple[Path, str]:
 
 def _idx_reader(cls: type) -> type:
     """torchvision's MNIST-family reader pointed at fetch's layout (IDX files directly in the
-    dataset folder instead of ``<root>/<Class>/raw``)."""
+    dataset folder instead of ``<root>/<Class>/raw``). It reads the IDX files only: torchvision
+    would load ``processed/{training,test}.pt`` instead where they exist, files that no
+    manifest describes and fetch never verified."""
     return type(cls.__name__, (cls,), {
         "raw_folder": property(lambda self: self.root),
-        "processed_folder": property(lambda self: os.path.join(self.root, "processed")),
+        "_check_legacy_exist": lambda self: False,
     })
+
+
+# The only globals CIFAR's pickles refer to: numpy's array reconstruction (``numpy.core`` in
+# the real archives, written by Python 2; ``numpy._core`` in pickles numpy 2 writes, such as
+# the stand-ins'), the array type and its dtype. Anything else would be code run while loading.
+CIFAR_GLOBALS = frozenset({("numpy.core.multiarray", "_reconstruct"),
+                           ("numpy._core.multiarray", "_reconstruct"),
+                           ("numpy", "ndarray"), ("numpy", "dtype")})
+
+
+class CifarUnpickler(pickle.Unpickler):
+    """Loads a CIFAR pickle with nothing callable but :data:`CIFAR_GLOBALS`: even bytes that
+    match their digest may be a forgery (a stand-in's marker records its own digests, and anyone
+    who can write a shared cache can write a stand-in), so a file that refers to anything else
+    is refused before it runs."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in CIFAR_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it refers to {module}.{name}, which no CIFAR file holds")
+
+
+def _cifar_file(data: bytes, path: Path, keys: tuple[str, ...], repair: str) -> dict:
+    """The mapping a CIFAR pickle holds (:class:`CifarUnpickler`), with ``keys``; a batch's
+    ``data`` as N×3072 uint8 rows with a label each. Anything else is an error naming ``path``."""
+    try:
+        loaded = CifarUnpickler(io.BytesIO(data), encoding="latin1").load()
+    except Exception as exc:  # whatever the bytes make the unpickler raise
+        problem = f"{type(exc).__name__}: {exc}"
+    else:
+        problem = _cifar_problem(loaded, keys)
+    if problem is not None:
+        raise DatasetError(f"{path} is not a CIFAR file ({problem}); it was not loaded. "
+                           f"Replace it: {repair}")
+    return loaded
+
+
+def _cifar_problem(loaded: Any, keys: tuple[str, ...]) -> str | None:
+    if not isinstance(loaded, dict):
+        return f"it holds a {type(loaded).__name__}, not a mapping"
+    missing = [k for k in keys if k not in loaded]
+    if missing:
+        return f"it lacks {', '.join(missing)}"
+    if "data" not in keys:
+        return None
+    rows = loaded["data"]
+    if not (isinstance(rows, np.ndarray) and rows.dtype == np.uint8 and rows.ndim == 2
+            and rows.shape[1] == 3 * 32 * 32):
+        return "its data are not N×3072 uint8 rows"
+    labels = loaded[keys[1]]
+    if not isinstance(labels, list) or len(labels) != len(rows):
+        return f"its {keys[1]} are not a list of {len(rows)} labels"
+    return None
 
 
 def _pickle_reader(cls: type) -> type:
     """torchvision's CIFAR reader that unpickles each file only from bytes that matched the
-    digest its manifest publishes (``raylf.data.cache.read_verified``): a pickle runs code as it
-    loads, so a damaged or swapped file must never reach it. torchvision's own check hashes a
-    file and then opens it again, and its error does not say how to repair the cache. ``root``
-    is the folder the archive unpacked to inside the dataset's cache folder; ``download`` is
-    ignored (the cache fetches)."""
-    import pickle
+    digest its manifest publishes (``raylf.data.cache.read_verified``), and then only with the
+    globals a CIFAR file needs (:class:`CifarUnpickler`): a pickle runs code as it loads, so a
+    damaged, swapped or forged file must never reach an unrestricted unpickler. torchvision's
+    own check hashes a file and then opens it again, and its error does not say how to repair
+    the cache. ``root`` is the folder the archive unpacked to inside the dataset's cache
+    folder; ``download`` is ignored (the cache fetches)."""
+    from torchvision.datasets import CIFAR100, VisionDataset
 
-    from torchvision.datasets import VisionDataset
+    from raylf.data.cache import read_verified, repair_command
 
-    from raylf.data.cache import read_verified
+    label = "fine_labels" if issubclass(cls, CIFAR100) else "labels"
 
-    def unpickle(root: Path, filename: str) -> dict:
-        data = read_verified(root.parent, f"{root.name}/{cls.base_folder}/{filename}")
-        return pickle.loads(data, encoding="latin1")
+    def unpickle(root: Path, filename: str, keys: tuple[str, ...]) -> dict:
+        folder, relative = root.parent, f"{root.name}/{cls.base_folder}/{filename}"
+        return _cifar_file(read_verified(folder, relative), folder / relative, keys,
+                           repair_command(folder.name, folder))
 
     def __init__(self, root: str, train: bool = True, download: bool = False) -> None:
         VisionDataset.__init__(self, root)
         self.train = train
-        batches = [unpickle(Path(root), f) for f, _ in (cls.train_list if train else
-                                                        cls.test_list)]
+        batches = [unpickle(Path(root), f, ("data", label))
+                   for f, _ in (cls.train_list if train else cls.test_list)]
         self.data = np.vstack([b["data"] for b in batches]).reshape(-1, 3, 32, 32)
         self.data = self.data.transpose(0, 2, 3, 1)  # HWC, as torchvision keeps it
-        key = "labels" if "labels" in batches[0] else "fine_labels"  # CIFAR-10 / CIFAR-100
-        self.targets = [y for b in batches for y in b[key]]
-        self.classes = unpickle(Path(root), cls.meta["filename"])[cls.meta["key"]]
+        self.targets = [y for b in batches for y in b[label]]
+        meta = cls.meta["key"]
+        self.classes = unpickle(Path(root), cls.meta["filename"], (meta,))[meta]
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     return type(cls.__name__, (cls,), {"__init__": __init__})
@@ -410,8 +469,6 @@ class Shakespeare:
         folder, origin = _locate("shakespeare", params.root)
         path = next(iter(sorted(folder.rglob("100.txt"))), None)
         if path is None:
-            from raylf.data.manifest import DatasetError
-
             raise DatasetError(f"no 100.txt below {folder}; fetch shakespeare again (--force)")
         vocab = load_manifest("shakespeare").tasks["next_char"]
         roles = text.parse_roles(path.read_text(encoding="utf-8", errors="replace"))

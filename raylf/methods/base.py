@@ -67,7 +67,7 @@ mixture weights, a direction; None when the server sends the client none."""
 class MethodParams(BaseModel):
     """Hyperparameters of a method; subclasses declare them with types, bounds and defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ Calibration = Literal["analytic", "paper"]
 class DPParams(BaseModel):
     """Gaussian mechanism on each upload; off when ``epsilon`` is null."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
 
     epsilon: float | None = Field(
         None, gt=0, description="requested per-round ε of each upload; null = no DP")

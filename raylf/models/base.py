@@ -13,7 +13,7 @@ from raylf.registry import Registry
 
 
 class ModelParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # finite numbers only
 
 
 class SplitModel(nn.Module):

@@ -20,7 +20,7 @@ from raylf.methods.base import Phase, Uploads
 from raylf.metrics import summarize
 from raylf.runtime.blueprint import Blueprint
 from raylf.seeding import stream
-from raylf.tree import map_leaves, tensor_bytes
+from raylf.tree import finite, map_leaves, tensor_bytes
 
 
 def own_storage(tensor: torch.Tensor) -> torch.Tensor:
@@ -135,12 +135,12 @@ class Coordinator:
         self.state, diagnostics = self.method.aggregate(self.state, uploads, rnd)
         record.update(diagnostics)
         for number, phase in enumerate(self.method.phases(), start=1):
-            if diverged or not _finite(self.state):
+            if diverged or not finite(self.state):
                 break
             request = phase.request(self.state, rnd)
             if request is not None:
                 diverged = self._phase(number, phase, rnd, request, record)
-        if diverged or not _finite(self.state):
+        if diverged or not finite(self.state):
             record["round_s"] = time.perf_counter() - start
             return RoundOutcome(record, diverged=True)
         clients: list[dict[str, Any]] = []
@@ -291,16 +291,6 @@ def _improve(owner: np.ndarray, load: np.ndarray, sizes: np.ndarray) -> bool:
 
 def _no_messages(state, client_ids, rnd) -> dict:
     return {}
-
-
-def _finite(state: Any) -> bool:
-    if torch.is_tensor(state):
-        return bool(torch.isfinite(state).all()) if state.is_floating_point() else True
-    if isinstance(state, dict):
-        return all(_finite(v) for v in state.values())
-    if isinstance(state, (list, tuple)):
-        return all(_finite(v) for v in state)
-    return True
 
 
 def _mean_metrics(metrics: list[dict[str, float]]) -> dict[str, float]:

@@ -32,7 +32,7 @@ from raylf.training.cohort import (
     unsupported_reason,
 )
 from raylf.training.sequential import FitResult
-from raylf.tree import map_leaves, tensor_bytes
+from raylf.tree import finite, map_leaves, tensor_bytes
 
 SPLITS = ("test", "val")
 log = logging.getLogger("raylf")
@@ -145,7 +145,8 @@ class ClientShard:
                      step: Callable[[int], tuple[ClientUpdate, list[FitResult]]]) -> dict:
         """``step(cid)`` → (update, fits) for each client in turn, reduced. Every fit and
         gradient is checked: a non-finite loss or one above ``federation.divergence_loss``
-        stops the shard there (the experiment ends as diverged)."""
+        stops the shard there (the experiment ends as diverged), and so does a personal state
+        that is not finite (the server never sees it, and it would be evaluated as a model)."""
         reduction = Reduction(self.method.averaged, self.n_train)
         losses, up_bytes, metrics, diverged = [], [], [], False
         for cid in map(int, client_ids):
@@ -156,7 +157,8 @@ class ClientShard:
             losses.append(fits[-1].loss if fits else math.nan)
             up_bytes.append(upload_bytes(update.upload))
             metrics.append(update.metrics)
-            if any(not math.isfinite(f.loss) or f.loss > self.divergence_loss for f in fits):
+            if any(not math.isfinite(f.loss) or f.loss > self.divergence_loss for f in fits) \
+                    or not finite(update.personal):
                 diverged = True
                 break
         return {

@@ -5,6 +5,7 @@ and write the tables and report), with the exit codes of ``raylf.sweep``."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -19,8 +20,9 @@ from raylf.errors import SpecError
 from raylf.preflight import check_runnable
 from raylf.raycluster import Capacity, local_totals
 from raylf.sweep import estimate, smoke
-from raylf.sweep.claim import check_same_sweep, claim, claimed, sweep_identity
+from raylf.sweep.claim import check_same_sweep, claim, claimed, identity_hash, sweep_identity
 from raylf.sweep.leaderboard import leaderboard, render
+from raylf.sweep.lease import Lease, acquire
 from raylf.sweep.load import load_specs
 from raylf.sweep.notices import data_notices
 from raylf.sweep.placement import (
@@ -33,7 +35,7 @@ from raylf.sweep.recipes import cluster_recipe
 from raylf.sweep.stages import GridStage, describe_search, search_then_replicate
 from raylf.sweep.trackers import TRACKERS, tracker_callbacks
 from raylf.sweep.tuner import Interrupted, run_stage
-from raylf.sweep.writable import StorageUnwritable, check_storage
+from raylf.sweep.writable import StorageUnwritable, check_storage, unusable
 
 EXIT_FAILED, EXIT_SPEC, EXIT_INTERRUPTED = 1, 2, 130
 
@@ -52,6 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--name", help="sweep name (default: the spec's name)")
     parser.add_argument("--resume", action="store_true",
                         help="require an existing sweep to resume (it resumes anyway if present)")
+    parser.add_argument("--force", action="store_true",
+                        help="run in a sweep directory that is not empty but holds no sweep "
+                             "(refused without it)")
     parser.add_argument("--max-concurrent", type=int, help="trials in flight at once")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the trials, the resource plan and the data still to fetch; "
@@ -99,14 +104,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with contextlib.ExitStack() as held:  # the sweep's lease, released however the sweep ends
+        return _sweep(args, held)
+
+
+def _sweep(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
     overrides = list(args.overrides)
     derived = args.smoke or args.estimate  # their sweep is derived from the spec's
     if args.name and not derived:
         overrides.append(f"name={args.name}")
     if args.max_concurrent is not None and not derived:
         overrides.append(f"max_concurrent={args.max_concurrent}")
-    base = args.storage or default_storage()
     try:
+        base = storage.storage_root(args.storage or default_storage())
         loaded = load_specs(args, overrides)
         sweep, trials, probes = loaded.sweep, loaded.trials, loaded.probes
         searches = loaded.searches
@@ -115,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         trackers = tracker_callbacks(args.log, root, sweep.name)
         identity = sweep_identity(sweep, trials, searches)
         if not args.dry_run:
-            check_same_sweep(root, identity)
+            check_same_sweep(root, identity, args.force)
         if args.resume and not claimed(root):
             raise SpecError([("--resume", f"no sweep to resume at {root}; run without --resume "
                                           "to start it")])
@@ -157,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         except SpecError as err:
             print(err, file=sys.stderr)
             return EXIT_SPEC
+    try:  # before Ray starts: a second driver of this directory starts nothing
+        lease = take_lease(root, identity, args.force)
+    except SpecError as err:
+        print(err, file=sys.stderr)
+        return EXIT_SPEC
+    held.callback(lease.release)
     context = connect(args.address, args.num_gpus, wanted_gpus, num_cpus=args.num_cpus,
                       dashboard=args.dashboard, verbose=args.verbose)
     storage.one_line_storage_errors()
@@ -166,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             check_placement(sizing, cluster.most)
         check_storage(root)  # after the plan: impossible resources leave no directory behind
     except SpecError as err:
+        lease.release(discard=True)  # impossible resources leave no directory behind
         print(err, file=sys.stderr)
         return EXIT_SPEC
     where = f"joined {address}" if address else "local Ray"
@@ -234,6 +251,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: not written ({type(err).__name__}: {err}); "
               f"python -m raylf.report {root}", file=sys.stderr)
     return EXIT_FAILED if failed else 0
+
+
+def take_lease(root: str, identity: dict, force: bool) -> Lease:
+    """This driver's lease of the sweep directory (raylf.sweep.lease), and the directory checked
+    again under it: no other sweep can have claimed it since the first check."""
+    try:
+        lease, taken = acquire(root, identity_hash(identity))
+    except OSError as err:
+        raise unusable(f"write to {root}", err) from None
+    try:
+        check_same_sweep(root, identity, force)
+    except SpecError:
+        lease.release(discard=True)
+        raise
+    if taken is not None:
+        print(f"lease: took over {root} from a stale lease (its driver no longer runs on "
+              f"this host, or it was not renewed for {taken.expiry_s:g} s): "
+              f"{taken.describe(lease.clock(), taken.sweep)}", flush=True)
+    if not lease.atomic:
+        print(f"note: {root.split('://')[0]}:// offers no atomic create here, so two drivers "
+              "started in the same instant could both take this sweep's lease",
+              file=sys.stderr, flush=True)
+    return lease
 
 
 def _stopped(err: StorageUnwritable, root: str) -> int:

@@ -24,7 +24,7 @@ from raylf.config import ResolvedSpec, registered_methods, validate
 from raylf.errors import SpecError
 from raylf.experiment import default_trial_id
 from raylf.labels import point_label
-from raylf.schema import Strict, errors_of, load_raw, read_yaml, set_dotted, set_path
+from raylf.schema import Strict, errors_of, load_raw, read_yaml, safe_name, set_dotted, set_path
 
 SWEEP_FIELDS = ("name", "base", "experiment", "overrides", "grid", "methods", "seeds",
                 "search_seeds", "top_k", "resources", "max_concurrent", "checkpoint_every",
@@ -167,7 +167,7 @@ class MethodEntry(Strict):
 
 
 class SweepSpec(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    name: str
     base: str | None = Field(None, description="path of the base experiment spec")
     experiment: dict[str, Any] | None = Field(None, description="inline base experiment")
     overrides: dict[str, Any] = Field(default_factory=dict, description="dotted fixed values")
@@ -205,6 +205,7 @@ class SweepSpec(Strict):
         "reads); every other trial that ended for good leaves no checkpoint behind")
 
     _axes = field_validator("grid")(_check_axes)
+    _name = field_validator("name")(safe_name)
 
     @field_validator("keep_final_states")
     @classmethod

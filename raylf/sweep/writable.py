@@ -9,6 +9,8 @@ import uuid
 from raylf import results
 from raylf.errors import SpecError
 
+PROBE = ".raylf-write-probe-"  # the name of a probe's file begins so
+
 
 class StorageUnwritable(RuntimeError):
     """The sweep's storage stopped accepting writes: every further trial would fail the same."""
@@ -17,7 +19,7 @@ class StorageUnwritable(RuntimeError):
 def probe_storage(root: str) -> None:
     """Create the sweep directory and write (and remove) a file in it; OSError if it cannot."""
     fs, base = results.filesystem(root)
-    probe = f"{base}/.raylf-write-probe-{uuid.uuid4().hex}"
+    probe = f"{base}/{PROBE}{uuid.uuid4().hex}"
     fs.create_dir(base, recursive=True)
     with fs.open_output_stream(probe) as f:
         f.write(b"ok")
