@@ -209,9 +209,9 @@ class NanHeads(FedAvgSE):
 
     name = "toy_nan_heads"
 
-    def local_update(self, trainer, payload, personal, data, seed, extra, *, rnd):
-        update = super().local_update(trainer, payload, personal, data, seed, extra, rnd=rnd)
-        if rnd == self.ctx.rounds:
+    def local_update(self, client):
+        update = super().local_update(client)
+        if client.rnd == self.ctx.rounds:
             update.personal = torch.full_like(update.personal, math.nan)
         return update
 
