@@ -183,17 +183,24 @@ def read_table(root: str | Path, table_name: str) -> pa.Table | None:
 def _retyped_nulls(parts: list[pa.Table]) -> list[pa.Table]:
     """A column that is all null in one trial's file was written as float (:func:`to_table`);
     where another trial's file has it as text (``model.weights``: null in one trial, a path in
-    the next), the null column takes that type, so the files concatenate."""
+    the next), the null column takes that type, so the files concatenate. A column whose values
+    are text in one file and numbers in another (``model.hidden``: an MLP's list of widths, as
+    JSON, beside a CharLSTM's width) is read as text in every file."""
     kinds: dict[str, set[pa.DataType]] = {}
     for part in parts:
         for field in part.schema:
             if part.column(field.name).null_count < len(part) or not len(part):
                 kinds.setdefault(field.name, set()).add(field.type)
+    text = {name for name, types in kinds.items()
+            if any(pa.types.is_string(t) for t in types) and len(types) > 1}
     out = []
     for part in parts:
         for i, field in enumerate(part.schema):
             others = kinds.get(field.name, set()) - {field.type}
-            if len(others) == 1 and part.column(i).null_count == len(part) and len(part):
+            if field.name in text:
+                part = part.set_column(i, pa.field(field.name, pa.string()),
+                                       part.column(i).cast(pa.string()))
+            elif len(others) == 1 and part.column(i).null_count == len(part) and len(part):
                 part = part.set_column(i, pa.field(field.name, next(iter(others))),
                                        pa.nulls(len(part), next(iter(others))))
         out.append(part)

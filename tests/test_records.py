@@ -111,3 +111,13 @@ def test_a_diff_of_two_trials_of_one_directory(tmp_path, capsys):
 def test_storage_metadata_keeps_the_provenance_keys_readers_use(tmp_path):
     meta = results.provenance({"name": "x"})
     assert {"raylf", "ray", "torch", "git_sha", "config", "environment"} <= set(meta)
+
+
+def test_a_parameter_that_is_text_in_one_trial_and_a_number_in_another_reads_as_text(tmp_path):
+    """Resolved specs record every model parameter: an MLP's ``hidden`` widths (a list, JSON)
+    and a CharLSTM's ``hidden`` width (a number) land in one column of a sweep's tables."""
+    results.write_trial(tmp_path, "a", {"trials": [{"trial_id": "a", "model.hidden": "[64]"}]},
+                        {})
+    results.write_trial(tmp_path, "b", {"trials": [{"trial_id": "b", "model.hidden": 256}]}, {})
+    trials = results.load(tmp_path)["trials"].set_index("trial_id")
+    assert trials.at["a", "model.hidden"] == "[64]" and trials.at["b", "model.hidden"] == "256"
