@@ -261,9 +261,11 @@ class FitPlan:
 
     def shape(self) -> tuple:
         """What clients must share to train in one cohort (the anchor, strength, loss terms,
-        reference models and after-step map are each member's own; their names are shared)."""
+        reference models and after-step map are each member's own; their names are shared).
+        Hashable: the optimizer, a pydantic model, enters as its JSON."""
+        optimizer = None if self.optimizer is None else self.optimizer.model_dump_json()
         return (self.trainable, self.anchor is not None, self.loss_fn, self.targets,
-                self.epochs, self.max_steps, tuple(sorted(self.references)), self.optimizer)
+                self.epochs, self.max_steps, tuple(sorted(self.references)), optimizer)
 
     def seed(self, seed: int) -> int:
         """The fit's shuffling seed from the client's round seed."""
