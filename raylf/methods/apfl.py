@@ -2,8 +2,7 @@
 keeps a local model v_i and a mixing weight α_i and is scored with the mixed model
 v̄_i = α_i v_i + (1 − α_i) w, w being FedAvg's global model, learned alongside.
 
-Each local step on a minibatch ξ (Algorithm 1, Section 3), all three from the previous
-iterates:
+Each local step on a minibatch ξ (Algorithm 1), all three from the previous iterates:
 
 - w_i ← w_i − η ∇f_i(w_i; ξ): the client's copy of the global model, as FedAvg trains it;
 - v_i ← v_i − η ∇_v f_i(v̄_i; ξ) = v_i − η α_i ∇f_i(v̄_i; ξ): the local model moves only through
@@ -31,8 +30,16 @@ loss f_i(v_i) rather than through v̄_i, estimates ∇_α from the gradients at 
 0.02·α_i to it, and at the end of each round overwrites v_i with the mixed model; raylf takes
 every gradient at v̄_i as Algorithm 1 does and keeps v_i. Shared with the authors' code and
 PFLlib: the server's mean weights each w_i by n_k (Algorithm 1 writes the plain mean over the
-participants; equal for equal sizes). α's step η_α defaults to the local step η, as in
-Algorithm 1 and PFLlib.
+participants; equal for equal sizes). α's own step η_α is a parameter (Algorithm 1 and PFLlib
+take the local step η; the parameter's docstring says why raylf's default is smaller).
+
+Measured on 2026-12-05 on the bundled digits (20 clients, 30 rounds, in process): ``python -m
+raylf.run tune/examples/digits_label_skew.yaml --backend local --out DIR --set method.name=apfl
+--set seed=S --set scenario.val_fraction=0.15`` for S = 0, 1, 2, and the same with ``--set
+'scenario={name: dirichlet, alpha: 0.1, test_fraction: 0.25, val_fraction: 0.15}'``. Final-round
+test accuracy over 3 seeds × 20 clients, and the paired difference with Wilcoxon's p
+(``raylf.stats.paired``): 2-class split 0.993, against local +0.002 (p=0.52) and fedavg +0.084
+(p<1e-9); Dirichlet 0.1 0.950, against local +0.100 (p<1e-6) and fedavg +0.021 (p=0.0097).
 """
 
 from __future__ import annotations
@@ -47,14 +54,20 @@ from raylf.training.sequential import FitResult, seed_global
 
 class APFLParams(MethodParams):
     """α starts at 0.5 (the middle of the fixed values 0.25, 0.5, 0.75 the paper's experiments
-    compare with the adaptive one) and is learned (the paper's adaptive APFL)."""
+    compare with the adaptive one) and is learned (the paper's adaptive APFL). η_α is decided on
+    digits validation data (3 seeds × 20 clients, the splits of the module's figures): η_α = η =
+    0.05 (Algorithm 1's, PFLlib's) scores 0.955 on the 2-class split and 0.977 on Dirichlet 0.1,
+    0.01 scores 0.989 and 0.980, 0.002 0.989 and 0.983, a fixed α = 0.5 0.989 and 0.982; at 0.05
+    each step's α moves by up to tenths and drifts noisily, and 0.01 is within seed noise of the
+    best while α still learns (it rises on the 2-class split, falls on Dirichlet 0.1). PFLlib's
+    η_α is its learning rate, 0.005 by default."""
 
     alpha: float = Field(0.5, ge=0, le=1, description="α_i at the start: the local model's "
                                                       "weight in the mixed model")
-    adaptive: bool = Field(True, description="learn α_i by its gradient (eq. ∇_α above); "
-                                             "false keeps it fixed, as the paper's fixed-α runs")
-    alpha_lr: float | None = Field(None, gt=0, description="η_α: step size of α's updates; "
-                                                           "none = the federation's optimizer.lr")
+    adaptive: bool = Field(True, description="learn α_i by the gradient of the mixed model's "
+                                             "loss, ⟨v_i − w_i, ∇f_i(v̄_i)⟩; false keeps it "
+                                             "fixed (the paper's fixed-α runs)")
+    alpha_lr: float = Field(0.01, gt=0, description="η_α: step size of α's gradient steps")
 
 
 @register
@@ -84,7 +97,7 @@ class APFL(GlobalModelServer, Method):
 
     def local_update(self, client):
         trainer, data = client.trainer, client.data
-        alpha_lr = self.params.alpha_lr or client.optimizer.lr
+        alpha_lr = self.params.alpha_lr
         alpha = client.personal["alpha"]
         steps = ModelSteps(torch.stack([client.payload["model"], client.personal["model"]]),
                            self.ctx.layout, client.optimizer)

@@ -3,7 +3,7 @@ Global Representations"): each client keeps its own lower layers (a local repres
 the top layers are one global model, averaged as FedAvg averages a whole one — the reverse of
 FedPer / FedAvg-SE, which share the body and keep the head.
 
-Algorithm 1 (Section 3): each round the server sends the global layers θ^g; each participant
+The paper's algorithm: each round the server sends the global layers θ^g; each participant
 trains its local layers θ^l_m and the received θ^g together on its data (the paper's supervised
 case: the cross-entropy of the whole model), keeps θ^l_m and uploads θ^g_m; the server averages
 the θ^g_m. In raylf the global layers are the model's head and the local ones its encoder, so
@@ -19,6 +19,16 @@ its test split after every round; raylf never selects on test data. The global l
 weights each client by its training size n_k (FedAvg's and PFLlib's; the authors' code takes
 the plain mean, equal for equal sizes). The paper's "new test" (an ensemble of every client's
 model on held-out devices) is not computed.
+
+Measured on 2026-12-05 on the bundled digits (20 clients, 30 rounds, in process): ``python -m
+raylf.run tune/examples/digits_label_skew.yaml --backend local --out DIR --set
+method.name=lg_fedavg --set seed=S --set scenario.val_fraction=0.15`` for S = 0, 1, 2, and the same
+with ``--set 'scenario={name: dirichlet, alpha: 0.1, test_fraction: 0.25, val_fraction: 0.15}'``.
+Final-round test accuracy over 3 seeds × 20 clients, and the paired difference with Wilcoxon's p
+(``raylf.stats.paired``): 2-class split 0.991, against local +0.000 (p=0.99) and fedavg +0.082
+(p<1e-8); Dirichlet 0.1 0.863, against local +0.014 (p=0.086) and fedavg −0.066 (p=0.31). Sharing
+the head alone cannot carry what other clients learned of the classes a client rarely sees, which
+Dirichlet 0.1 leaves it.
 """
 
 from __future__ import annotations

@@ -1,23 +1,22 @@
 """Per-FedAvg (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020, "Personalized Federated Learning with
 Theoretical Guarantees: A Model-Agnostic Meta-Learning Approach"): FedAvg of a model meant to be
-personalized by one gradient step, the MAML objective (eq. 3)
-min_w (1/n) Σ_i f_i(w − α ∇f_i(w)).
+personalized by one gradient step, the MAML objective min_w (1/n) Σ_i f_i(w − α ∇f_i(w)).
 
 Each local step of a participant (Algorithm 1) draws independent minibatches D, D′ (and D″):
 
 - w̃ = w − α ∇f_i(w; D), the one-step adaptation;
-- w ← w − β (I − α ∇²f_i(w; D″)) ∇f_i(w̃; D′) (eq. 7's stochastic gradient of eq. 3), with the
-  Hessian-vector product taken one of two ways (Section 5's variants):
+- w ← w − β (I − α ∇²f_i(w; D″)) ∇f_i(w̃; D′), the stochastic gradient of the objective, with
+  the Hessian-vector product taken one of the paper's two ways:
 
   - ``fo`` (Per-FedAvg FO): dropped, w ← w − β ∇f_i(w̃; D′);
-  - ``hf`` (Per-FedAvg HF, eq. 9): by the finite difference
+  - ``hf`` (Per-FedAvg HF): by the finite difference
     (∇f_i(w + δ g; D″) − ∇f_i(w − δ g; D″)) / (2δ) with g = ∇f_i(w̃; D′).
 
 β is the federation's ``optimizer.lr``, and the step along the meta-gradient is the federation's
 optimizer (plain SGD with its defaults, as the paper's; momentum or Adam when the spec sets
 them). The server averages the uploaded w. At evaluation every client adapts the received model
-by one SGD step of size α on one minibatch of its training data (the paper's evaluation,
-Section 5), the reported model (``adapted``); the received model is scored beside it
+by one SGD step of size α on one minibatch of its training data (the paper's evaluation),
+the reported model (``adapted``); the received model is scored beside it
 (``global``). The adaptation is seeded by round and client and nothing of it persists.
 
 Each meta-step takes two (``fo``) or three (``hf``) minibatches of the client's schedule in
@@ -38,6 +37,17 @@ client's training data (PFLlib's older versions took the step on a test minibatc
 step α (PFLlib sets α = β = the learning rate); ``hf`` is PFLlib-less. Shared with the authors'
 code and PFLlib: the server's mean weights each upload by n_k (Algorithm 1 writes the plain mean
 over participants; equal for equal sizes).
+
+Measured on 2026-12-05 on the bundled digits (20 clients, 30 rounds, in process): ``python -m
+raylf.run tune/examples/digits_label_skew.yaml --backend local --out DIR --set
+method.name=perfedavg --set seed=S --set scenario.val_fraction=0.15`` for S = 0, 1, 2, and the same
+with ``--set 'scenario={name: dirichlet, alpha: 0.1, test_fraction: 0.25, val_fraction: 0.15}'``.
+Final-round test accuracy over 3 seeds × 20 clients, and the paired difference with Wilcoxon's p
+(``raylf.stats.paired``): ``fo``: 2-class split 0.949, against fedavg +0.040 (p=0.00013) and local
+−0.042 (p<1e-6); Dirichlet 0.1 0.921, against fedavg −0.009 (p=0.70) and local +0.071 (p=0.092).
+``hf`` (``--set method.params.variant=hf``): 0.948, against fedavg +0.039 (p=0.0014); Dirichlet 0.1
+0.859, against local +0.010 (p=0.62) and fedavg −0.070 (p=0.010). One gradient step adapts the
+meta-model to a client's two classes only in part: on the 2-class split local training stays ahead.
 """
 
 from __future__ import annotations
@@ -56,13 +66,16 @@ from raylf.training.sequential import FitResult, seed_global
 
 
 class PerFedAvgParams(MethodParams):
-    """δ = 0.001 is the paper's (Section 5). α, the personalization step, is decided on digits
-    validation data (the module's figures)."""
+    """δ = 0.001 is the paper's. α, the personalization step, is decided on digits validation
+    data (3 seeds × 20 clients, the splits of the module's figures): ``fo`` scores 0.898 on the
+    2-class split and 0.919 on Dirichlet 0.1 at α = 0.01, 0.954 and 0.956 at 0.03, 0.948 and 0.938
+    at 0.05, 0.870 and 0.856 at 0.1; ``hf`` 0.903 and 0.904 at 0.01, 0.942 and 0.894 at 0.03,
+    0.871 and 0.858 at 0.05. PFLlib takes α = β, the learning rate."""
 
     variant: Literal["fo", "hf"] = Field(
         "fo", description="fo: first-order (the Hessian term dropped); hf: Hessian-free (the "
-                          "Hessian-vector product by a finite difference of gradients, eq. 9)")
-    alpha: float = Field(0.01, gt=0, description="α: the one-step adaptation's step size, in "
+                          "Hessian-vector product by a finite difference of gradients)")
+    alpha: float = Field(0.03, gt=0, description="α: the one-step adaptation's step size, in "
                                                  "training and at evaluation")
     delta: float = Field(1e-3, gt=0, description="δ: the finite difference's step (hf only)")
 
