@@ -120,8 +120,8 @@ def test_apfl_step_moves_w_by_its_gradient_and_v_and_alpha_through_the_mixed_mod
     """One local step against Algorithm 1 with autograd: w − η∇f(w), v − η∂f(v̄)/∂v and
     α − η ∂f(v̄)/∂α, all at the previous iterates, v̄ = αv + (1 − α)w."""
     blueprint, trainer, data, init, other = tiny
-    alpha = 0.3
-    method = APFL(APFLParams(alpha=alpha), blueprint.context())
+    alpha, alpha_lr = 0.3, 0.2
+    method = APFL(APFLParams(alpha=alpha, alpha_lr=alpha_lr), blueprint.context())
     w, v = init, other
     update = method.local_update(client_round(trainer, data, seed=1, payload={"model": w},
                                               personal={"model": v, "alpha": alpha}))
@@ -132,7 +132,7 @@ def test_apfl_step_moves_w_by_its_gradient_and_v_and_alpha_through_the_mixed_mod
         loss_at(trainer, a_leaf * v_leaf + (1 - a_leaf) * w, data), (v_leaf, a_leaf))
     assert torch.allclose(update.upload["model"], w - LR * grad_at(trainer, w, data), atol=1e-6)
     assert torch.allclose(update.personal["model"], v - LR * grad_v, atol=1e-6)
-    assert update.personal["alpha"] == pytest.approx(float(alpha - LR * grad_a), abs=1e-6)
+    assert update.personal["alpha"] == pytest.approx(float(alpha - alpha_lr * grad_a), abs=1e-6)
     assert update.personal["alpha"] != alpha
 
     fixed = APFL(APFLParams(alpha=alpha, adaptive=False), blueprint.context())

@@ -440,7 +440,8 @@ class Method:
         """Train from what was received; by default the method's ``plan``, run for this client.
         Override for updates a plan cannot declare: work on the trainer before the fit (a
         choice among models, a weight learning), gradients without a fit (the per-step
-        methods); the method's docstring then says why."""
+        methods), a loop whose gradients are taken at other points than the trained parameters
+        (APFL's mixed model, Per-FedAvg's adapted one); the method's docstring then says why."""
         return run_plan(self.plan(client), client)
 
     def deploy(self, client: ClientRound) -> Deployment:
