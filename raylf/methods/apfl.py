@@ -82,17 +82,17 @@ class APFL(GlobalModelServer, Method):
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        self.parameters = torch.zeros(ctx.layout.size, dtype=torch.bool)
+        self.param_mask = torch.zeros(ctx.layout.size, dtype=torch.bool)
         for slot in ctx.layout.slots:
             if slot.is_param:
-                self.parameters[slot.offset: slot.offset + slot.numel] = True
+                self.param_mask[slot.offset: slot.offset + slot.numel] = True
 
     def client_init(self, cid, init):
         return {"model": init.clone(), "alpha": float(self.params.alpha)}
 
     def mixed(self, local: torch.Tensor, glob: torch.Tensor, alpha: float) -> torch.Tensor:
         """v̄ = α v + (1 − α) w on the parameters; the buffers are v's."""
-        mask = self.parameters.to(local.device)
+        mask = self.param_mask.to(local.device)
         return torch.where(mask, alpha * local + (1 - alpha) * glob, local)
 
     def local_update(self, client):
@@ -101,7 +101,7 @@ class APFL(GlobalModelServer, Method):
         alpha = client.personal["alpha"]
         steps = ModelSteps(torch.stack([client.payload["model"], client.personal["model"]]),
                            self.ctx.layout, client.optimizer)
-        buffers = ~self.parameters.to(steps.models.device)
+        buffers = ~self.param_mask.to(steps.models.device)
         seed_global(client.seed, trainer.device)
         losses, samples = [], 0
         for idx in local_batches(client):

@@ -96,8 +96,8 @@ class PerFedAvg(GlobalModelServer, Method):
     def local_update(self, client):
         trainer, data = client.trainer, client.data
         k = self.batches_per_step
-        meta_steps = max(1, math.ceil(sgd.step_count(data.n_train, trainer.batch_size,
-                                                     trainer.local_epochs) / k))
+        meta_steps = math.ceil(sgd.step_count(data.n_train, trainer.batch_size,
+                                              trainer.local_epochs) / k)
         batches = local_batches(client, meta_steps * k)
         steps = ModelSteps(client.payload["model"][None], self.ctx.layout, client.optimizer)
         seed_global(client.seed, trainer.device)
@@ -111,7 +111,7 @@ class PerFedAvg(GlobalModelServer, Method):
             samples += sum(len(idx) for idx in minibatches)
         model = steps.models[0]
         trainer.load(model)
-        trainer.fits.append(FitResult(sum(losses) / len(losses), meta_steps, samples))
+        trainer.fits.append(FitResult(sum(losses) / max(meta_steps, 1), meta_steps, samples))
         return ClientUpdate({"model": model.clone()})
 
     def meta_gradient(self, trainer, w: torch.Tensor, batches) -> tuple[torch.Tensor, float]:
