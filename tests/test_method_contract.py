@@ -22,10 +22,13 @@ from raylf.testing import IN_PROCESS, check_method
 NAMES = METHODS.names()
 HOOKS = [n for n, v in vars(Method).items() if callable(v) and not n.startswith("_")
          and n != "Params"]
-# Loops a method runs at evaluation time whose length no contract property depends on: FedALA's
-# first weight learning (up to 50 passes per never-sampled client at every evaluation) and
-# FedBABU's fine-tuning, shortened so the suite spends its time on the contract, not on them.
-SHORTER = {"fedala": {"start_passes": 2}, "fedbabu": {"finetune_epochs": 1}}
+# Loops whose length no contract property depends on: FedALA's first weight learning (up to 50
+# passes per never-sampled client at every evaluation), FedBABU's fine-tuning, FedRep's head
+# epochs and pFedMe's local rounds, shortened so the suite spends its time on the contract, not
+# on them. pFedMe's 20 local rounds of 5 steps at λ·lr = 1.5 also amplify the batched kernels'
+# float rounding past the cohort check's 1e-5 by round 4 (6e-8 after round 1, 5e-4 after 4).
+SHORTER = {"fedala": {"start_passes": 2}, "fedbabu": {"finetune_epochs": 1},
+           "fedrep": {"head_epochs": 1}, "pfedme": {"local_rounds": 2}}
 
 
 def one_per_implementation(names: list[str]) -> list[str]:

@@ -4,6 +4,7 @@ classes register themselves with ``@register``, so importing it is all a new met
 from __future__ import annotations
 
 from raylf.methods import (  # noqa: F401  (they register)
+    apfl,
     clustered_oracle,
     ditto,
     fc,
@@ -14,12 +15,16 @@ from raylf.methods import (  # noqa: F401  (they register)
     fedbabu,
     fedce,
     feddisco,
+    fedrep,
     fedsoft,
     fmtsvm,
     hdcfl,
     ifca,
+    lgfedavg,
     local,
     pacfl,
+    perfedavg,
+    pfedme,
     spcacw,
 )
 from raylf.methods.base import METHODS, Method, MethodContext, MethodParams, register

@@ -261,9 +261,11 @@ class FitPlan:
 
     def shape(self) -> tuple:
         """What clients must share to train in one cohort (the anchor, strength, loss terms,
-        reference models and after-step map are each member's own; their names are shared)."""
+        reference models and after-step map are each member's own; their names are shared).
+        Hashable: the optimizer, a pydantic model, enters as its JSON."""
+        optimizer = None if self.optimizer is None else self.optimizer.model_dump_json()
         return (self.trainable, self.anchor is not None, self.loss_fn, self.targets,
-                self.epochs, self.max_steps, tuple(sorted(self.references)), self.optimizer)
+                self.epochs, self.max_steps, tuple(sorted(self.references)), optimizer)
 
     def seed(self, seed: int) -> int:
         """The fit's shuffling seed from the client's round seed."""
@@ -438,7 +440,8 @@ class Method:
         """Train from what was received; by default the method's ``plan``, run for this client.
         Override for updates a plan cannot declare: work on the trainer before the fit (a
         choice among models, a weight learning), gradients without a fit (the per-step
-        methods); the method's docstring then says why."""
+        methods), a loop whose gradients are taken at other points than the trained parameters
+        (APFL's mixed model, Per-FedAvg's adapted one); the method's docstring then says why."""
         return run_plan(self.plan(client), client)
 
     def deploy(self, client: ClientRound) -> Deployment:

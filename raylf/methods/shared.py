@@ -2,11 +2,15 @@
 
 Methods reuse each other through these, never by subclassing another family's method or
 importing from another method's module: FedALA, Ditto and FedPureCNN keep FedAvg's global
-model without being FedAvgs, and IFCA, FedSoft, PACFL and the clustered oracle average their
-group models the same way without one depending on another.
+model without being FedAvgs, IFCA, FedSoft, PACFL and the clustered oracle average their
+group models the same way without one depending on another, and FedAvg-SE, FedRep and
+LG-FedAvg share one part of the model while keeping the other.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import ClassVar
 
 import torch
 
@@ -19,6 +23,9 @@ from raylf.methods.base import (
     Uploads,
     share,
 )
+from raylf.schema import OptimizerSpec
+from raylf.training import sgd
+from raylf.training.layout import PARTS, ParamLayout
 
 
 # ---- one global model, n_k-averaged (FedAvg's server half) --------------------------------------
@@ -64,6 +71,87 @@ def upload_model(trained: torch.Tensor) -> ClientUpdate:
 def fit_model(payload: Tensors) -> FitPlan:
     """FedAvg's local update: the received model fitted, then uploaded."""
     return FitPlan(payload["model"], upload_model)
+
+
+# ---- one part shared, the other private (FedAvg-SE, FedRep, LG-FedAvg) -------------------------
+class PartSharing:
+    """One part of the model (``shared``: the encoder, or the head) on the server, broadcast to
+    every participant and replaced by the n_k-weighted mean of the uploads; the other part is
+    each client's own, resident on its worker from the common init. FedAvg-SE and FedRep share
+    the encoder (body) and keep the head; LG-FedAvg shares the head and keeps the encoder. A
+    method puts it before ``Method`` in its bases, declares ``averaged = {shared}``, and writes
+    its ``plan``; every client is scored with the received part joined to its own."""
+
+    shared: ClassVar[str] = "encoder"
+    personal_state = True
+
+    @property
+    def private(self) -> str:
+        return next(part for part in PARTS if part != self.shared)
+
+    def server_init(self, init):
+        return {self.shared: init[self.ctx.layout.part(self.shared)].clone()}
+
+    def broadcast(self, state, rnd):
+        return {self.shared: state[self.shared]}
+
+    def aggregate(self, state, uploads, rnd):
+        return {self.shared: uploads.mean(self.shared)}, {}
+
+    def client_init(self, cid, init):
+        return init[self.ctx.layout.part(self.private)].clone()
+
+    def model(self, client: ClientRound) -> torch.Tensor:
+        """The received shared part joined to the client's own part, encoder first."""
+        parts = {self.shared: client.payload[self.shared], self.private: client.personal}
+        return torch.cat([parts[part] for part in PARTS])
+
+    def split(self, trained: torch.Tensor) -> ClientUpdate:
+        """A trained model's update: its shared part goes up, its own part stays."""
+        layout = self.ctx.layout
+        return ClientUpdate({self.shared: trained[layout.part(self.shared)].clone()},
+                            trained[layout.part(self.private)].clone())
+
+    def deploy(self, client):
+        return Deployment({"main": self.model(client)})
+
+
+# ---- a local loop written by hand (APFL, Per-FedAvg) ---------------------------------------------
+def local_batches(client: ClientRound, count: int | None = None) -> Iterator[torch.Tensor]:
+    """Sample indices of the minibatches a fit of this client would take this round: the
+    trainers' schedule (``raylf.training.sgd``) from the client's round seed, for the
+    federation's local epochs, or ``count`` minibatches (more than an epoch's run on into the
+    next permutation)."""
+    trainer, n = client.trainer, client.data.n_train
+    batch = trainer.batch_size
+    steps = sgd.step_count(n, batch, trainer.local_epochs) if count is None else count
+    orders = sgd.SeededOrders(n, client.seed, trainer.device)
+    return sgd.minibatches(orders, n, batch, steps)
+
+
+class ModelSteps:
+    """The local optimizer's steps on k flat models stacked (k, P), its state kept across the
+    steps of a loop written by hand (APFL's global copy and personal model, Per-FedAvg's meta
+    steps): ``raylf.training.sgd.step_``, the trainers' own arithmetic (prox-free, clipped per
+    model, then SGD's or Adam's step), on the parameter entries, each model with its own
+    optimizer state; buffers (BatchNorm statistics) are neither decayed nor moved."""
+
+    def __init__(self, models: torch.Tensor, layout: ParamLayout, cfg: OptimizerSpec):
+        self.models = models.clone()
+        self.slots = [s for s in layout.slots if s.is_param]
+        self.cfg = cfg
+        self.state = sgd.zero_state(self._tensors(self.models), cfg)
+        self.taken = 0
+
+    def _tensors(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        rows = len(flat)
+        return [flat[:, s.offset: s.offset + s.numel].view(rows, *s.shape) for s in self.slots]
+
+    def step(self, grads: torch.Tensor) -> None:
+        """One step of every model along its row of ``grads`` (k, P)."""
+        self.taken += 1
+        sgd.step_(self._tensors(self.models), self._tensors(grads.clone()), self.state, self.cfg,
+                  step=self.taken)
 
 
 # ---- FedAvg inside fixed groups (IFCA's, FedSoft's, PACFL's and the oracle's models) ------------

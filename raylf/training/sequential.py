@@ -162,13 +162,16 @@ class LocalTrainer:
         return result
 
     def gradient(self, x: torch.Tensor, y, *, loss_fn: LossFn = F.cross_entropy,
-                 part: str | None = None) -> torch.Tensor:
+                 part: str | None = None, advance_statistics: bool = False) -> torch.Tensor:
         """The gradient of ``loss_fn`` on this one minibatch at the loaded weights, as a flat
         vector over ``part`` (or the whole layout; buffers get zeros), for methods whose client
         step is a gradient (SP-CACW, FC). The model runs in train mode, as in ``fit``, but its
-        buffers (BatchNorm statistics) are restored: computing a gradient changes no state.
-        The minibatch loss is logged in ``fits`` with zero steps, so divergence is checked."""
-        saved = self.flat.clone()
+        buffers (BatchNorm statistics) are restored: computing a gradient changes no state;
+        with ``advance_statistics`` they keep what the forward pass made of them, as a step of
+        ``fit`` would (a local loop written by hand: APFL's, Per-FedAvg's), and the loaded
+        vector holds them. The minibatch loss is logged in ``fits`` with zero steps, so
+        divergence is checked."""
+        saved = None if advance_statistics else self.flat.clone()
         self.model.train()
         params = [p for name in PARTS for p in self._params[name]]
         for p in params:
@@ -182,7 +185,8 @@ class LocalTrainer:
                 offset = self._offsets[id(p)]
                 grad[offset: offset + p.numel()] = p.grad.reshape(-1)
         self.model.zero_grad(set_to_none=True)
-        self.flat.copy_(saved)
+        if saved is not None:
+            self.flat.copy_(saved)
         self.fits.append(FitResult(float(loss.detach()), 0, len(x)))
         return grad if part is None else grad[self.layout.part(part)].clone()
 
