@@ -14,12 +14,17 @@ from raylf.methods import (  # noqa: F401  (they register)
     fedbabu,
     fedce,
     feddisco,
+    fedfomo,
+    fedproto,
+    fedrod,
     fedsoft,
     fmtsvm,
     hdcfl,
     ifca,
     local,
+    moon,
     pacfl,
+    scaffold,
     spcacw,
 )
 from raylf.methods.base import METHODS, Method, MethodContext, MethodParams, register
