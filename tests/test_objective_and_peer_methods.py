@@ -352,3 +352,14 @@ def test_a_head_that_is_not_linear_is_refused_naming_the_model(method):
 
     with pytest.raises(SpecError, match="model.name"):
         method.build_model(spec_model, SimpleNamespace(num_classes=3), method.Params())
+
+
+def test_the_method_context_knows_how_many_steps_a_fit_of_the_federation_takes():
+    spec = contract_spec("scaffold", federation={"local_epochs": 2, "batch_size": 16})
+    blueprint = Blueprint(spec, build_federation(spec))
+    ctx = blueprint.context()
+    assert (ctx.batch_size, ctx.local_epochs) == (16, 2)
+    client = blueprint.federation.shard(np.array([0]), torch.device("cpu")).client(0)
+    trainer = blueprint.trainer(torch.device("cpu"))
+    fit = trainer.fit(client.x_train, client.y_train, seed=0)
+    assert fit.steps == ctx.local_steps(client.n_train) == 2 * math.ceil(client.n_train / 16)
