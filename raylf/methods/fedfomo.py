@@ -19,7 +19,7 @@ Section 3 of the paper (Algorithm 1), as raylf runs it:
 
 The local validation data are a fixed share ``val_fraction`` of the client's training samples,
 drawn once from the trial seed and never trained on (PFLlib's ``val_ratio``, 0.2; the paper
-holds out local validation data the same way); the scenario's validation split, which raylf
+scores peers on local validation data); the scenario's validation split, which raylf
 scores models on, is never read. Evaluation: the client's own model θ_i (its last trained, the
 common initialization before it first trains), as PFLlib's.
 
@@ -28,11 +28,31 @@ models' losses on the client's validation data, computed by the trainer before t
 plan is declared before the worker runs anything; the fit itself is a plan run for the client
 on its training share (``run_plan``).
 
-Where raylf follows the paper and PFLlib does not: PFLlib sends the M peers of highest affinity
-(no exploration), may send a client its own model, and initializes P to the identity; raylf
-draws ε-greedily among the other clients with P at zero. The rounds table's ``fomo_kept_mean``
+Where raylf follows the paper and PFLlib (the version read for this module) does not: PFLlib
+sends the M clients of highest affinity with no exploration, among them the client itself (P
+starts as the identity) and clients that never trained (still the initialization); it scores and
+combines against the model the client last started training from rather than the one it trained,
+and its validation share is the last 20 % of the client's samples in their stored order. raylf
+draws ε-greedily among the other clients that have uploaded, with P at zero, against the
+client's trained model θ_i^{t−1}, on a seeded random 20 %. The rounds table's ``fomo_kept_mean``
 is the mean number of downloaded peers with a positive weight (0: the round's participants
 trained alone).
+
+Checked on the bundled digits: ``python -m raylf.run tune/examples/digits_label_skew.yaml
+--backend local --out DIR --set seed=S --set method.name=fedfomo --set 'scenario={name:
+label_subset, k: 2, test_fraction: 0.25, val_fraction: 0.2}'`` (or ``{name: dirichlet, alpha:
+0.1, …}``), seeds 0–2: 20 clients, half per round, 30 rounds, mlp [64], SGD lr 0.05 momentum
+0.9, batch 16, one epoch; measured 2026-12-05. Final-round test accuracy, mean over seeds ×
+clients, and the paired difference over the 60 (seed, client) pairs with Wilcoxon's p
+(``raylf.stats.paired``); ``local`` 0.990 / 0.832 and ``fedavg`` 0.910 / 0.927 (2 classes /
+Dirichlet 0.1):
+
+    2 classes      0.986, local −0.004 (p 0.63): ties local; fedavg +0.076 (p 4e-9): beats
+    Dirichlet 0.1  0.846, local +0.014 (p 0.70): ties local; fedavg −0.081 (p 0.019): worse
+
+Under Dirichlet 0.1 the rounds table's ``fomo_kept_mean`` stays between 0 and 0.8 of the 5
+downloaded peers (under 2 classes, 0 to 0.3): clients mostly keep their own model, so FedFomo
+stays near local training, which FedAvg beats on that split.
 """
 
 from __future__ import annotations
@@ -56,8 +76,12 @@ from raylf.seeding import generator, stream
 
 
 class FedFomoParams(MethodParams):
-    """Defaults: M = 5 (PFLlib's ``-M``), a validation share of 0.2 (PFLlib's ``val_ratio``);
-    ε chosen on validation data (see the module's recorded figures)."""
+    """Defaults: M = 5 (PFLlib's ``-M``), a validation share of 0.2 (PFLlib's ``val_ratio``).
+    ε = 0.3 keeps the paper's exploration of peers outside the highest affinities (the value as
+    recalled from the paper, not checked against its text here); validation data do not tell it
+    from pure greedy choice: on the digits settings of the module's docstring (val_fraction 0.2,
+    3 seeds) the final validation accuracy is 0.988 (2 classes) and 0.898 (Dirichlet 0.1) at
+    ε = 0.3, 0.988 and 0.899 at ε = 0."""
 
     models: int = Field(5, ge=1, description="M, peer models each participant downloads")
     epsilon: float = Field(0.3, ge=0, le=1, description="probability ε that a download is a "

@@ -33,6 +33,25 @@ clients holding it without a prototype to classify by; PFLlib keeps only this ro
 nearest-prototype classifier is a linear head, argmax_j 2⟨z, C̄^(j)⟩ − ‖C̄^(j)‖², so it is
 deployed as the client's encoder with that head; a class without a prototype gets the logit
 −∞ (it cannot be predicted, as PFLlib's infinite distance).
+
+Where raylf follows the paper and the authors' and PFLlib's code do not: they average the
+representations met during the local epochs (of a model that changes as it trains, in train
+mode) into the local prototypes, and the clients' prototypes without weights into the global
+ones; raylf computes each local prototype once from the trained model in eval mode, the
+paper's C_i^(j), and weights by the class counts unless ``weighting: clients``. PFLlib's
+nearest prototype by mean squared error picks the same class as the L2 distance here.
+
+Checked on the bundled digits (the reported ``prototype`` classifier): ``python -m raylf.run
+tune/examples/digits_label_skew.yaml --backend local --out DIR --set seed=S --set
+method.name=fedproto --set 'scenario={name: label_subset, k: 2, test_fraction: 0.25,
+val_fraction: 0.2}'`` (or ``{name: dirichlet, alpha: 0.1, …}``), seeds 0–2: 20 clients, half per
+round, 30 rounds, mlp [64], SGD lr 0.05 momentum 0.9, batch 16, one epoch; measured 2026-12-05.
+Final-round test accuracy, mean over seeds × clients, and the paired difference over the 60
+(seed, client) pairs with Wilcoxon's p (``raylf.stats.paired``); ``local`` 0.990 / 0.832 and
+``fedavg`` 0.910 / 0.927 (2 classes / Dirichlet 0.1):
+
+    2 classes      0.990, local +0.001 (p 0.81): ties local; fedavg +0.080 (p 3e-9): beats
+    Dirichlet 0.1  0.878, local +0.046 (p 6e-4): beats local; fedavg −0.049 (p 0.75): ties
 """
 
 from __future__ import annotations

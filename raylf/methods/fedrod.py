@@ -12,8 +12,7 @@ the personal head is not built):
   g(x) + log n_i; a class the client does not hold has weight 0 in the sum (log 0 = −∞);
 - the personal head φ_i minimizes the client's empirical risk of the personalized prediction
   g(x) + p_i(x), trained on top of the generic predictor: its loss moves φ_i only (the
-  features and the generic logits enter it as constants), as the authors' and PFLlib's code
-  do;
+  features and the generic logits enter it as constants), as PFLlib's code has it;
 - both losses step together at every local step, from the received (θ, ψ) and the kept φ_i;
   the server averages (θ, ψ) by n_k (FedAvg).
 
@@ -25,7 +24,22 @@ the balanced softmax depends on the client's label counts, so it is a loss term
 scored with the personalized model (``personal``) and the generic one (``generic``, the personal
 head at zero: ``_generic`` columns). The personal head starts at zero, so the personalized
 prediction starts as the generic one (raylf's choice: PFLlib starts it as a copy of the
-generic head's initialization, which doubles the initial logits).
+generic head's initialization, which doubles the initial logits). PFLlib steps the two losses
+with two plain SGD optimizers, raylf with the federation's optimizer over all the parameters:
+under plain SGD the same steps, but gradient clipping takes one norm over both losses'
+gradients here.
+
+Checked on the bundled digits (the reported ``personal`` model): ``python -m raylf.run
+tune/examples/digits_label_skew.yaml --backend local --out DIR --set seed=S --set
+method.name=fedrod --set 'scenario={name: label_subset, k: 2, test_fraction: 0.25, val_fraction:
+0.2}'`` (or ``{name: dirichlet, alpha: 0.1, …}``), seeds 0–2: 20 clients, half per round, 30
+rounds, mlp [64], SGD lr 0.05 momentum 0.9, batch 16, one epoch; measured 2026-12-05.
+Final-round test accuracy, mean over seeds × clients, and the paired difference over the 60
+(seed, client) pairs with Wilcoxon's p (``raylf.stats.paired``); ``local`` 0.990 / 0.832 and
+``fedavg`` 0.910 / 0.927 (2 classes / Dirichlet 0.1):
+
+    2 classes      0.990, local +0.001 (p 0.69): ties local; fedavg +0.080 (p 9e-10): beats
+    Dirichlet 0.1  0.919, local +0.086 (p 1e-5): beats local; fedavg −0.008 (p 0.13): ties
 """
 
 from __future__ import annotations

@@ -20,6 +20,27 @@ previous local model before its first participation is the common initialization
 choice too; the paper's round 1 has every client start there). Evaluation: the global model
 (``global``, MOON's model), and each client's last trained local model (``local``,
 ``_local`` columns).
+
+Where raylf and PFLlib differ: the reference models run in eval mode here (no BatchNorm
+statistics moved, no dropout drawn, as for any frozen model); PFLlib runs them in whatever mode
+they were left in. Otherwise its MOON is the paper's, as raylf's.
+
+Checked on the bundled digits (the reported ``global`` model): ``python -m raylf.run
+tune/examples/digits_label_skew.yaml --backend local --out DIR --set seed=S --set
+method.name=moon --set 'scenario={name: label_subset, k: 2, test_fraction: 0.25, val_fraction:
+0.2}'`` (or ``{name: dirichlet, alpha: 0.1, …}``), seeds 0–2: 20 clients, half per round, 30
+rounds, mlp [64], SGD lr 0.05 momentum 0.9, batch 16, one epoch; measured 2026-12-05.
+Final-round test accuracy, mean over seeds × clients, and the paired difference over the 60
+(seed, client) pairs with Wilcoxon's p (``raylf.stats.paired``); ``local`` 0.990 / 0.832 and
+``fedavg`` 0.910 / 0.927 (2 classes / Dirichlet 0.1):
+
+    2 classes      0.903, fedavg −0.008 (p 0.12): ties FedAvg; local −0.087
+    Dirichlet 0.1  0.922, fedavg −0.005 (p 0.11), local +0.090 (p 0.054): ties both
+
+MOON's model is a global one and does not beat local training where each client holds two
+classes; it stays level with FedAvg on both splits here (the paper reports its gains over
+FedAvg on CIFAR-10/100 and Tiny-ImageNet with CNN and ResNet encoders). μ was chosen on
+validation data (``MOONParams``).
 """
 
 from __future__ import annotations
@@ -36,7 +57,9 @@ from raylf.training.objective import Batch
 class MOONParams(MethodParams):
     """Defaults: τ = 0.5 (the paper's, every dataset). μ: the paper tunes it in
     {0.1, 1, 5, 10} and takes 5 on CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet; 1 here, chosen on
-    validation data (see the module's recorded figures)."""
+    validation data: on the digits settings of the module's docstring (val_fraction 0.2, 3
+    seeds) the final validation accuracy of the global model is 0.907 (2 classes) and 0.918
+    (Dirichlet 0.1) at μ = 1, 0.889 and 0.897 at μ = 5."""
 
     mu: float = Field(1.0, ge=0, description="weight μ of the model-contrastive term "
                                              "(ℓ = ℓ_sup + μ·ℓ_con)")

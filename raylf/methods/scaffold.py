@@ -33,6 +33,18 @@ Where raylf follows Algorithm 1 and PFLlib (the versions read for this module) d
 averages Δy with n_k weights and adds Σ Δc·|S|/N to c (|S| times the paper's (1/N)·Σ Δc), and
 its option II divides by the steps of one epoch whatever the local epochs (K = ⌈n/B⌉, not
 E·⌈n/B⌉); its clients take plain SGD steps, where raylf takes the federation's optimizer.
+
+Checked on the bundled digits: ``python -m raylf.run tune/examples/digits_label_skew.yaml
+--backend local --out DIR --set seed=S --set method.name=scaffold --set 'scenario={name:
+label_subset, k: 2, test_fraction: 0.25, val_fraction: 0.2}'`` (or ``{name: dirichlet, alpha:
+0.1, …}``), seeds 0–2: 20 clients, half per round, 30 rounds, mlp [64], SGD lr 0.05 momentum
+0.9, batch 16, one epoch; measured 2026-12-05. Final-round test accuracy, mean over seeds ×
+clients, and the paired difference over the 60 (seed, client) pairs with Wilcoxon's p
+(``raylf.stats.paired``); ``local`` 0.990 / 0.832 and ``fedavg`` 0.910 / 0.927 (2 classes /
+Dirichlet 0.1):
+
+    2 classes      0.950, fedavg +0.040 (p 3e-4): beats FedAvg; local −0.039
+    Dirichlet 0.1  0.946, local +0.114 (p 0.004): beats local; fedavg +0.019 (p 0.49): ties
 """
 
 from __future__ import annotations
