@@ -9,16 +9,16 @@ Sections 3–4 of the paper (Algorithm 1), as raylf runs it:
   ℓ_S(F_i(x), y) + λ·ℓ_R, where ℓ_R pulls the representation f_i(x) of every sample towards
   the global prototype C̄^(y) of its class: the mean squared error between the features and
   their classes' prototypes over the batch, a sample whose class has no global prototype yet
-  counting as zero (the authors' code and PFLlib's, which implement the paper's distance
-  between local and global prototypes per sample);
+  counting as zero (PFLlib's reading of the paper's distance between local and global
+  prototypes, per sample);
 - after training it computes its local prototypes C_i^(j), the mean representation of its
   class-j training samples under the trained model, and uploads them;
 - the server averages them per class into the global prototypes C̄^(j) over the clients that
   hold class j, weighted by their sample counts |D_{i,j}| (the paper's aggregation;
-  ``weighting: clients`` gives the unweighted mean of the authors' and PFLlib's code), and
+  ``weighting: clients`` gives the unweighted mean PFLlib takes from the authors' code), and
   sends them next round;
 - inference: the class of the nearest global prototype (L2) to the client's representation
-  (``prototype``, the reported model, as the authors' and PFLlib's evaluation), and the
+  (``prototype``, the reported model, as PFLlib evaluates FedProto), and the
   client's own model with its own head (``local``, ``_local`` columns).
 
 As a plan: the prototype term reads the features and the received prototypes
@@ -26,19 +26,19 @@ As a plan: the prototype term reads the features and the received prototypes
 a statistic of the fit, not a parameter of it, so they go up in a phase that asks the round's
 participants after training (``Phase``), each sending, per class, its feature sum and sample
 count, which the workers reduce (a share: C × (d + 1) floats up per participant, dense over the
-classes, where the paper counts only the classes a client holds; C × (d + 1) down, the
-prototypes and which classes have one). A class no participant held this round keeps its
+classes, where the paper counts only the classes a client holds; C × d floats and C flags
+down, the prototypes and which classes have one). A class no participant held this round keeps its
 earlier prototype (raylf's choice: with partial participation, dropping it would leave the
 clients holding it without a prototype to classify by; PFLlib keeps only this round's). The
 nearest-prototype classifier is a linear head, argmax_j 2⟨z, C̄^(j)⟩ − ‖C̄^(j)‖², so it is
 deployed as the client's encoder with that head; a class without a prototype gets the logit
 −∞ (it cannot be predicted, as PFLlib's infinite distance).
 
-Where raylf follows the paper and the authors' and PFLlib's code do not: they average the
-representations met during the local epochs (of a model that changes as it trains, in train
-mode) into the local prototypes, and the clients' prototypes without weights into the global
-ones; raylf computes each local prototype once from the trained model in eval mode, the
-paper's C_i^(j), and weights by the class counts unless ``weighting: clients``. PFLlib's
+Where raylf follows the paper and PFLlib's code (its averaging cites the authors') does not: it
+averages the representations met during the local epochs (of a model that changes as it trains,
+in train mode) into the local prototypes, and the clients' prototypes without weights into the
+global ones, where raylf computes each local prototype once from the trained model in eval mode,
+the paper's C_i^(j), and weights by the class counts unless ``weighting: clients``. PFLlib's
 nearest prototype by mean squared error picks the same class as the L2 distance here.
 
 Checked on the bundled digits (the reported ``prototype`` classifier): ``python -m raylf.run
@@ -79,14 +79,13 @@ CHUNK = 1024  # samples per forward pass when a client computes its prototypes
 
 
 class FedProtoParams(MethodParams):
-    """Default λ = 1: the authors' code (``--ld``) and PFLlib's (``-lam``); the paper tunes λ
-    per dataset without a single value."""
+    """Default λ = 1: PFLlib's default (``-lam``), where the paper gives no single value."""
 
     lam: float = Field(1.0, ge=0, description="weight λ of the prototype term ℓ_R")
     weighting: Literal["samples", "clients"] = Field(
         "samples", description="samples: global prototypes weighted by each client's class "
                                "count (the paper); clients: unweighted over the clients that "
-                               "hold the class (the authors' and PFLlib's code)")
+                               "hold the class (PFLlib's code, from the authors')")
 
 
 def prototype_loss(features: torch.Tensor, labels: torch.Tensor, prototypes: torch.Tensor,
