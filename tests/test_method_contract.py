@@ -128,17 +128,6 @@ def test_check_method_names_the_method_and_every_check_it_fails():
         check_method("fedavg", checks=["no_such_check"])
 
 
-def test_a_method_whose_loss_needs_features_is_a_plan_and_passes_check_method(monkeypatch):
-    """MOON's contrastive term between the features and those of the global and the previous
-    local model, written as a ``FitPlan`` loss term with two reference models
-    (tests/plugins/objectives.py): every in-process check passes, cohort training landing
-    where one client at a time does among them."""
-    monkeypatch.setenv(plugins.ENV_VAR, "tests.plugins.objectives")
-    plugins.load_plugins()
-    assert "cohort_training_equals_the_sequential_path" in IN_PROCESS
-    check_method("contrastive")
-
-
 def test_the_worked_example_of_the_contract_page_passes_check_method(monkeypatch):
     """docs/method-contract.md's worked example, run exactly as the page writes it: a personal
     model whose loss distils the global model's outputs, declared as a plan, passes every

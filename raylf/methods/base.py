@@ -51,6 +51,7 @@ from raylf.seeding import derive
 from raylf.training.layout import PARTS, ParamLayout
 from raylf.training.objective import LossTerm
 from raylf.training.sequential import AfterStep, LocalTrainer, LossFn
+from raylf.training.sgd import step_count
 
 Tensors = dict[str, torch.Tensor]
 State = dict[str, Any]
@@ -79,6 +80,9 @@ class MethodContext:
     ``draw_init(i)`` builds model ``i``'s flat initialization through the model factory, seeded
     from the trial seed (IFCA's and FedSoft's distinct cluster models); the common init every
     client starts from is the ``init`` handed to ``server_init`` and ``client_init``.
+    ``batch_size`` and ``local_epochs`` are the federation's local schedule (defaults: the
+    spec's), so a method that reads what a fit did from its length (SCAFFOLD's control
+    variates: the displacement over the step count) knows it without the trainer.
     """
 
     layout: ParamLayout
@@ -90,6 +94,12 @@ class MethodContext:
     seed: int
     latent_groups: np.ndarray | None = None
     draw_init: Callable[[int], torch.Tensor] | None = None
+    batch_size: int = 32
+    local_epochs: int = 1
+
+    def local_steps(self, n: int) -> int:
+        """Optimizer steps of a fit of the federation's schedule over ``n`` samples."""
+        return step_count(n, self.batch_size, self.local_epochs)
 
     def initial_models(self, count: int) -> torch.Tensor:
         """``count`` independently drawn initializations, stacked (count, P)."""

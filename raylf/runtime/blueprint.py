@@ -61,7 +61,8 @@ class Blueprint:
         return MethodContext(self.layout, fed.num_clients, fed.n_train, fed.num_classes,
                              spec.federation.rounds, spec.federation.participants_per_round(),
                              spec.seed, fed.groups if self.latent_groups else None,
-                             self.initial_vector)
+                             self.initial_vector, spec.federation.batch_size,
+                             spec.federation.local_epochs)
 
     @property
     def latent_groups(self) -> bool:
