@@ -166,7 +166,7 @@ def check_model(fields: dict, cohort, workers: int, cpus: float, gpus: int) -> d
     spec = W.make_spec(W.HEAVY, workers=workers, cpus_per_worker=cpus, gpus_per_worker=0.25,
                        **fields)
     blueprint = Blueprint(spec, W.build_federation(spec))
-    model = blueprint.build_model().to(device)
+    model = blueprint.build_model()  # on the CPU: the rules read its layers and the device type
     refused = unsupported_reason(model)
     if refused is None and cohort == "auto":
         refused = not_worthwhile(model, tuple(blueprint.federation.input_shape),
@@ -177,6 +177,11 @@ def check_model(fields: dict, cohort, workers: int, cpus: float, gpus: int) -> d
     report["floor"] = {"round_s": floor["round_s"],
                        "round_s_median": W.median_after_first(floor["round_s"]),
                        "wall_s": time.perf_counter() - t0}
+    report["driver_floor_max_memory_allocated_mib"] = (
+        torch.cuda.max_memory_allocated() / 2**20 if gpus else None)
+    if gpus:  # the workers get the memory the floor held, and the next model's floor its own peak
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     for variant, setting in (("sequential", "off"), ("cohort", cohort)):
         spec = W.make_spec(W.HEAVY, workers=workers, cpus_per_worker=cpus, gpus_per_worker=0.25,
                            cohort=setting, **fields)
@@ -184,10 +189,6 @@ def check_model(fields: dict, cohort, workers: int, cpus: float, gpus: int) -> d
         if report[variant]["round_s_median"]:
             report[variant]["ratio_to_floor"] = (report[variant]["round_s_median"]
                                                  / report["floor"]["round_s_median"])
-    report["driver_floor_max_memory_allocated_mib"] = (
-        torch.cuda.max_memory_allocated() / 2**20 if gpus else None)
-    if gpus:
-        torch.cuda.reset_peak_memory_stats()
     return report
 
 
