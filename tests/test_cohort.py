@@ -141,7 +141,7 @@ def test_cohort_sizing_probes_no_model_without_convolutions():
 
 
 # ---- per-client BatchNorm and dropout --------------------------------------------------------
-ENCODERS = [  # the papers' BatchNorm encoders, tiny: (model, params, input shape)
+ENCODERS = [  # the papers' BatchNorm encoders, tiny: model, params, input, trained parts
     pytest.param("vgg16_cifar", {"width": 1 / 16, "hidden": 16}, (1, 32, 32), PARTS,
                  id="vgg16_cifar"),  # layer by layer (BatchedLayers), dropout after every conv
     pytest.param("vgg16_cifar", {"width": 1 / 16, "hidden": 16}, (1, 32, 32), ("head",),
@@ -157,8 +157,9 @@ EXACT = 1e-9  # float64: rounding is ~1e-16, so a larger gap is a difference of 
 def double_precision():
     """Build and train in float64. Deep BatchNorm stacks on minibatches of a few samples
     amplify float32 rounding by orders of magnitude within one local update, on the sequential
-    path as much as in cohorts (a tiny VGG16 perturbed by 1e-7 moved by 2e-2 in one round), so
-    float32 could not tell a wrong statistic from rounding; float64 can."""
+    path as much as in cohorts (FedAvg with this VGG16 on 32×32 digits, its vector perturbed by
+    a relative 1e-7 before every local update, moved by 2e-2 in the first round), so float32
+    could not tell a wrong statistic from rounding; float64 can."""
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
@@ -181,11 +182,10 @@ def one_torch_thread():
 def test_batchnorm_encoders_train_and_evaluate_in_cohorts_as_one_at_a_time(
         one_torch_thread, name, params, shape, trainable):
     """Two clients of uneven sizes (batches of 4: the second step is the first client's alone,
-    on a short batch), each from its own running statistics, with a
-    proximal pull and, for one of them, a loss term against a reference model (run in eval
-    mode on the reference's own statistics): every trained vector — parameters and running
-    statistics — and every loss equal one client at a time's, and so do the models' outputs in
-    eval mode."""
+    on a short batch), each from its own running statistics, with a proximal pull and, for one
+    of them, a loss term against a reference model (run in eval mode on the reference's own
+    statistics): every trained vector — parameters and running statistics — and every loss
+    equal one client at a time's, and so do the models' outputs in eval mode."""
     with double_precision():
         torch.manual_seed(0)
         model = build_model(name, MODELS.get(name).Params(**params), shape, 5)
