@@ -1,15 +1,20 @@
-"""GPU check: the compute-heavy workload with 4 workers at 0.25 GPU each.
+"""GPU check: the compute-heavy workload with 4 workers at 0.25 GPU each, per model.
 
-    python benchmarks/gpu_check.py --out DIR [--rounds 10] [--model cnn|resnet18] [--quick]
+    python benchmarks/gpu_check.py --out DIR [--rounds 10] [--models cnn,resnet18,...] [--quick]
 
-Writes ``DIR/gpu_check.json``: machine, the floor on the same device (single process), and two
-raylf runs, the sequential trainer (``cohort: off``) and lockstep cohorts (``--cohort``, auto by
-default), each with per-round wall times (driver side) and their median after the first round,
-GPU utilization and memory sampled with nvidia-smi every 0.5 s while it runs (null fields when
-there is no nvidia-smi), peak worker memory and final accuracies. On a machine without a GPU
+Writes ``DIR/gpu_check.json``: machine, and per model of ``--models`` (the heavy workload's CNN,
+or one of the papers' BatchNorm encoders on the same data: ``resnet18``, ``vgg16_cifar``,
+``mobilenet_v2``) the floor on the same device (single process), and two raylf runs, the
+sequential trainer (``cohort: off``) and lockstep cohorts (``--cohort``, auto by default), each
+with per-round wall times (driver side) and their median after the first round, GPU utilization
+and memory sampled with nvidia-smi every 0.5 s while it runs (null fields when there is no
+nvidia-smi), peak worker memory and final accuracies; ``cohort_refused`` says why a worker of
+the cohort run would still train one client at a time on this device (null: it trains in
+cohorts), so a cohort row is never read as cohorts when it was not. On a machine without a GPU
 it runs the same thing on the CPU (one logical GPU declared so the 0.25 shares schedule), so
-the script is testable anywhere; ``--quick``
-shrinks the workload for that. Sized to finish well under 5 minutes on one GPU.
+the script is testable anywhere; ``--quick`` shrinks the workload for that. One model is sized
+to finish well under 5 minutes on one GPU; ``--models cnn,resnet18,vgg16_cifar --rounds 6`` is
+the prepared measurement of cohorts of BatchNorm models for a 15-minute device lease.
 """
 
 from __future__ import annotations
@@ -40,6 +45,13 @@ from benchmarks import workloads as W  # noqa: E402
 from benchmarks.local_ray import warn_token_auth_off  # noqa: E402
 from benchmarks.run import describe_machine  # noqa: E402
 from raylf.experiment import run_experiment  # noqa: E402
+
+MODELS = {  # the heavy workload's CNN and the papers' BatchNorm encoders, on its 3×32×32 images
+    "cnn": W.HEAVY["model"],
+    "resnet18": {"name": "resnet18"},
+    "vgg16_cifar": {"name": "vgg16_cifar"},
+    "mobilenet_v2": {"name": "mobilenet_v2"},
+}
 
 
 class GpuSampler:
@@ -99,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="directory for gpu_check.json")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--model", choices=("cnn", "resnet18"), default="cnn",
-                        help="the heavy workload's CNN, or torchvision's resnet18 on it")
+    parser.add_argument("--models", default="cnn",
+                        help=f"comma-separated, of {', '.join(MODELS)}: the heavy workload's "
+                             "CNN, or a BatchNorm encoder of the papers on its data")
     parser.add_argument("--cohort", default="auto",
                         help="resources.cohort of the cohort variant (auto, or clients per "
                              "lockstep batch); the sequential variant runs cohort: off")
@@ -112,46 +125,73 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     gpus = torch.cuda.device_count()
     cores = os.cpu_count() or 2
-    fields = {"federation__rounds": args.rounds, "eval_every": max(1, args.rounds // 2)}
-    if args.model != "cnn":
-        fields["model"] = {"name": args.model}
-    if args.quick:
-        fields.update(dataset__n_samples=800, federation__rounds=3, eval_every=3)
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        parser.error(f"--models: unknown {unknown}; choose from {', '.join(MODELS)}")
     cpus = min(2.0, (cores - 0.25) / args.workers)
-    spec = W.make_spec(W.HEAVY, workers=args.workers, cpus_per_worker=cpus,
-                       gpus_per_worker=0.25, **fields)
+    forced = int(args.cohort) if args.cohort.isdigit() else args.cohort
     result: dict = {"machine": describe_machine(), "physical_gpus": gpus,
-                    "spec": spec.to_dict(), "device": "cuda" if gpus else "cpu"}
-
-    t0 = time.perf_counter()
-    floor = W.floor_run(spec, device="cuda" if gpus else "cpu")
-    result["floor"] = {"round_s": floor["round_s"],
-                       "round_s_median": W.median_after_first(floor["round_s"]),
-                       "wall_s": time.perf_counter() - t0}
-
+                    "device": "cuda" if gpus else "cpu", "models": {}}
     ray.init(address="local", num_cpus=cores, num_gpus=max(gpus, 1), include_dashboard=False,
              logging_level="warning")
     try:
-        forced = int(args.cohort) if args.cohort.isdigit() else args.cohort
-        for variant, cohort in (("sequential", "off"), ("cohort", forced)):
-            spec = W.make_spec(W.HEAVY, workers=args.workers, cpus_per_worker=cpus,
-                               gpus_per_worker=0.25, cohort=cohort, **fields)
-            result[variant] = measure(spec, floor, args.workers, cpus)
-            if result[variant]["round_s_median"]:
-                result[variant]["ratio_to_floor"] = (result[variant]["round_s_median"]
-                                                     / result["floor"]["round_s_median"])
+        for model in models:
+            fields = {"federation__rounds": args.rounds, "eval_every": max(1, args.rounds // 2),
+                      "model": MODELS[model]}
+            if args.quick:
+                fields.update(dataset__n_samples=800, federation__rounds=3, eval_every=3)
+            result["models"][model] = check_model(fields, forced, args.workers, cpus, gpus)
     finally:
         ray.shutdown()
-    result["driver_floor_max_memory_allocated_mib"] = (
-        torch.cuda.max_memory_allocated() / 2**20 if gpus else None)
     path = out / "gpu_check.json"
     path.write_text(json.dumps(result, indent=1, default=str))
-    print(json.dumps({"device": result["device"],
-                      "floor_round_s": result["floor"]["round_s_median"], "json": str(path)}
-                     | {v: {k: result[v].get(k) for k in ("round_s_median", "ratio_to_floor",
-                                                          "gpu_util_mean_pct", "status")}
-                        for v in ("sequential", "cohort")}, indent=1))
-    return 0 if all(result[v]["status"] == "ok" for v in ("sequential", "cohort")) else 1
+    summary = {model: {"floor_round_s": r["floor"]["round_s_median"],
+                       "cohort_refused": r["cohort_refused"],
+                       **{v: {k: r[v].get(k) for k in ("round_s_median", "ratio_to_floor",
+                                                        "gpu_util_mean_pct", "status")}
+                          for v in ("sequential", "cohort")}}
+               for model, r in result["models"].items()}
+    print(json.dumps({"device": result["device"], "json": str(path), "models": summary},
+                     indent=1))
+    return 0 if all(r[v]["status"] == "ok" for r in result["models"].values()
+                    for v in ("sequential", "cohort")) else 1
+
+
+def check_model(fields: dict, cohort, workers: int, cpus: float, gpus: int) -> dict:
+    """One model's floor, sequential run and cohort run, and why its workers would refuse
+    cohorts on this device (None: they train in cohorts)."""
+    from raylf.runtime import Blueprint
+    from raylf.training.cohort import not_worthwhile, unsupported_reason
+
+    device = "cuda" if gpus else "cpu"
+    spec = W.make_spec(W.HEAVY, workers=workers, cpus_per_worker=cpus, gpus_per_worker=0.25,
+                       **fields)
+    blueprint = Blueprint(spec, W.build_federation(spec))
+    model = blueprint.build_model()  # on the CPU: the rules read its layers and the device type
+    refused = unsupported_reason(model)
+    if refused is None and cohort == "auto":
+        refused = not_worthwhile(model, tuple(blueprint.federation.input_shape),
+                                 torch.device(device))
+    report: dict = {"spec": spec.to_dict(), "cohort_refused": refused}
+    t0 = time.perf_counter()
+    floor = W.floor_run(spec, device=device)
+    report["floor"] = {"round_s": floor["round_s"],
+                       "round_s_median": W.median_after_first(floor["round_s"]),
+                       "wall_s": time.perf_counter() - t0}
+    report["driver_floor_max_memory_allocated_mib"] = (
+        torch.cuda.max_memory_allocated() / 2**20 if gpus else None)
+    if gpus:  # the workers get the memory the floor held, and the next model's floor its own peak
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    for variant, setting in (("sequential", "off"), ("cohort", cohort)):
+        spec = W.make_spec(W.HEAVY, workers=workers, cpus_per_worker=cpus, gpus_per_worker=0.25,
+                           cohort=setting, **fields)
+        report[variant] = measure(spec, floor, workers, cpus)
+        if report[variant]["round_s_median"]:
+            report[variant]["ratio_to_floor"] = (report[variant]["round_s_median"]
+                                                 / report["floor"]["round_s_median"])
+    return report
 
 
 def measure(spec, floor: dict, workers: int, cpus: float) -> dict:

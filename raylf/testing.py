@@ -72,7 +72,8 @@ def contract_spec(name: str, params: dict[str, Any] | None = None, rounds: int =
     """Six clients, mlp, half participation, a validation split (so both evaluation splits are
     scored); the data the method ``requires``: multi-task digits for ``tasks``, two rotated
     groups for ``groups``. Two workers, so uploads are reduced on more than one. ``sections``
-    update the spec's sections of those names (``resources={"workers": 1}``)."""
+    update the spec's sections of those names (``resources={"workers": 1}``); one that names
+    another model, dataset or scenario replaces the contract's."""
     requires = METHODS.get(name).requires
     spec: dict[str, Any] = {
         "name": "contract",
@@ -94,7 +95,10 @@ def contract_spec(name: str, params: dict[str, Any] | None = None, rounds: int =
     if "groups" in requires:
         spec["scenario"] = {"name": "rotation", "groups": 2, "val_fraction": 0.1}
     for section, changes in sections.items():
-        spec[section] = {**spec.get(section, {}), **changes}
+        current = spec.get(section, {})
+        if changes.get("name", current.get("name")) != current.get("name"):
+            current = {}  # another model, dataset or scenario: none of the contract's settings
+        spec[section] = {**current, **changes}
     return validate(spec)
 
 
@@ -270,23 +274,27 @@ def checkpoint_and_restore_equals_an_uninterrupted_run(name: str, params: dict |
     _assert_same_tree(fresh.coordinator.state, straight.coordinator.state, "server state")
 
 
-def cohort_training_equals_the_sequential_path(name: str, params: dict | None) -> None:
+def cohort_training_equals_the_sequential_path(name: str, params: dict | None,
+                                               **sections: dict[str, Any]) -> None:
     """For a method that declares its update as a ``FitPlan``: four rounds with the
     participants trained in lockstep cohorts end where four rounds trained one client after
     another do — server state, personal state, the rounds' training losses and every client's
     scores — up to float rounding of the batched kernels (``COHORT_TOLERANCE``). One worker,
     so cohorts form; an optimizer that takes every part of the step (momentum, weight decay,
-    clipping). A method without a plan has nothing to check."""
+    clipping). A method without a plan has nothing to check. ``sections`` update the
+    contract's spec (``contract_spec``): ``model={"name": ...}`` checks the method on another
+    model, e.g. one with BatchNorm and dropout, whose running statistics and masks are each
+    client's own."""
     optimizer = {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3, "grad_clip": 1.0}
 
     def trained(cohort: str) -> tuple[LocalRuntime, list]:
         runtime = _local_runtime(contract_spec(
-            name, params, resources={"workers": 1, "cohort": cohort},
-            federation={"optimizer": optimizer}))
+            name, params, **{**sections, "resources": {"workers": 1, "cohort": cohort},
+                             "federation": {"optimizer": optimizer}}))
         runtime.setup()
         return runtime, [runtime.run_round(r) for r in (1, 2, 3, 4)]
 
-    shard = _local_runtime(contract_spec(name, params)).coordinator.pool.shards[0]
+    shard = _local_runtime(contract_spec(name, params, **sections)).coordinator.pool.shards[0]
     if not shard.method.plans_updates:
         return
     (lockstep, together), (alone, apart) = trained("auto"), trained("off")

@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
 
 from raylf.config import validate
 from raylf.data import build_federation
+from raylf.data.federation import Split
+from raylf.models import MODELS, build_model
+from raylf.models.base import ModelParams, SplitModel
 from raylf.runtime import Blueprint
 from raylf.runtime.local import LocalRuntime
-from raylf.testing import check_method
+from raylf.schema import OptimizerSpec
+from raylf.testing import check_method, cohort_training_equals_the_sequential_path
+from raylf.training.cohort import CohortMember, CohortTrainer
+from raylf.training.layout import PARTS, ParamLayout, model_vector
+from raylf.training.sequential import LocalTrainer
 from tests.conftest import small_spec_dict
+from tests.test_method_contract import SHORTER
 
 TOLERANCE = 1e-5  # float rounding of batched kernels; nothing else may differ
 
@@ -79,12 +92,17 @@ def test_penalties_in_the_loss_train_in_cohorts_as_alone():
                  checks=["cohort_training_equals_the_sequential_path"])
 
 
-def test_a_batchnorm_model_trains_one_client_after_another_and_says_why(caplog):
+def test_auto_keeps_a_batchnorm_encoder_sequential_on_the_cpu_for_its_convolutions_alone(caplog):
+    """BatchNorm and dropout no longer keep a model out of cohorts: a tiny VGG16-CIFAR trains
+    one client at a time under ``auto`` on a CPU because of its convolutions (the log says so),
+    and in cohorts when forced."""
+    vgg = {"model": {"name": "vgg16_cifar", "width": 1 / 16, "hidden": 16},
+           "dataset": {"name": "digits", "size": 32}}
     with caplog.at_level(logging.WARNING, logger="raylf"):
-        rt = runtime("fedavg", "auto", model={"name": "resnet18"},
-                     dataset={"name": "synthetic", "n_samples": 64, "n_features": 12})
-    assert rt.coordinator.pool.shards[0].cohort is None
-    assert "BatchNorm" in caplog.text and "one after another" in caplog.text
+        assert runtime("fedavg", "auto", **vgg).coordinator.pool.shards[0].cohort is None
+    assert "convolutions" in caplog.text
+    assert "BatchNorm" not in caplog.text and "dropout" not in caplog.text
+    assert runtime("fedavg", 3, **vgg).coordinator.pool.shards[0].cohort is not None
 
 
 def test_methods_with_their_own_update_keep_the_sequential_path():
@@ -120,3 +138,178 @@ def test_cohort_sizing_probes_no_model_without_convolutions():
 
     net = CharLSTM.build(CharLSTM.Params(embedding=8, hidden=8, layers=1), (50,), 80)
     assert not_worthwhile(net, (50,), torch.device("cpu")) is None
+
+
+# ---- per-client BatchNorm and dropout --------------------------------------------------------
+ENCODERS = [  # the papers' BatchNorm encoders, tiny: model, params, input, trained parts
+    pytest.param("vgg16_cifar", {"width": 1 / 16, "hidden": 16}, (1, 32, 32), PARTS,
+                 id="vgg16_cifar"),  # layer by layer (BatchedLayers), dropout after every conv
+    pytest.param("vgg16_cifar", {"width": 1 / 16, "hidden": 16}, (1, 32, 32), ("head",),
+                 id="vgg16_cifar-head-only"),  # the frozen encoder's statistics move all the same
+    pytest.param("resnet18", {}, (1, 8, 8), PARTS, id="resnet18"),  # vmap, residual blocks
+    pytest.param("mobilenet_v2", {"width_mult": 0.1}, (3, 8, 8), PARTS,
+                 id="mobilenet_v2"),  # vmap, dropout, channels-last convolutions on a CPU
+]
+EXACT = 1e-9  # float64: rounding is ~1e-16, so a larger gap is a difference of arithmetic
+
+
+@contextmanager
+def double_precision():
+    """Build and train in float64. Deep BatchNorm stacks on minibatches of a few samples
+    amplify float32 rounding by orders of magnitude within one local update, on the sequential
+    path as much as in cohorts (FedAvg with this VGG16 on 32×32 digits, its vector perturbed by
+    a relative 1e-7 before every local update, moved by 2e-2 in the first round), so float32
+    could not tell a wrong statistic from rounding; float64 can."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread, as a Ray worker of one CPU trains: these models' many small kernels
+    under two threads on a busy 2-core machine spent 20-70× longer waiting on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name, params, shape, trainable", ENCODERS)
+def test_batchnorm_encoders_train_and_evaluate_in_cohorts_as_one_at_a_time(
+        one_torch_thread, name, params, shape, trainable):
+    """Two clients of uneven sizes (batches of 4: the second step is the first client's alone,
+    on a short batch), each from its own running statistics, with a proximal pull and, for one
+    of them, a loss term against a reference model (run in eval mode on the reference's own
+    statistics): every trained vector — parameters and running statistics — and every loss
+    equal one client at a time's, and so do the models' outputs in eval mode."""
+    with double_precision():
+        torch.manual_seed(0)
+        model = build_model(name, MODELS.get(name).Params(**params), shape, 5)
+        layout = ParamLayout.of(model)
+        optimizer = OptimizerSpec(lr=0.05, momentum=0.9, weight_decay=1e-3, grad_clip=1.0)
+        trainer = LocalTrainer(model, layout, optimizer, 4, 1, torch.device("cpu"))
+        init = model_vector(trainer.model, layout).double()
+        sizes = [6, 4]
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        split = Split(torch.randn(offsets[-1], *shape), torch.randint(0, 5, (offsets[-1],)),
+                      {}, offsets)
+        statistics = torch.cat([torch.arange(s.offset, s.offset + s.numel)
+                                for s in layout.slots if not s.is_param])
+        starts = []
+        for _ in sizes:  # the same weights, each client's running statistics its own
+            start = init.clone()
+            start[statistics] += 0.1 * torch.rand(len(statistics))
+            starts.append(start)
+
+        def towards_reference(batch):
+            return (batch.outputs - batch.references["global"].outputs).pow(2).mean()
+
+        members = [CohortMember(c, start, seed=100 + c, anchor=init, mu=0.1,
+                                terms=(towards_reference,) if c == 0 else (),
+                                references={"global": init})
+                   for c, start in enumerate(starts)]
+        cohort = CohortTrainer(trainer)
+        vectors, fits = cohort.fit(members, split, "labels", trainable=trainable,
+                                   loss_fn=F.cross_entropy)
+        outputs = cohort.predict(vectors, torch.stack([split.x[:8]] * len(sizes)))
+        for c, member in enumerate(members):
+            rows = split.rows(c)
+            trainer.load(member.start)
+            alone = trainer.fit(split.x[rows], split.y[rows], seed=member.seed,
+                                trainable=trainable, prox=(member.anchor, member.mu),
+                                terms=member.terms, references=member.references)
+            assert (fits[c].steps, fits[c].samples) == (alone.steps, alone.samples)
+            assert fits[c].loss == pytest.approx(alone.loss, abs=EXACT)
+            gap = float((vectors[c] - trainer.vector()).abs().max())
+            assert gap <= EXACT, f"client {c}'s trained vector differs by {gap:.1e}"
+            moved = (vectors[c, statistics] - member.start[statistics]).abs().max()
+            assert moved > 1e-3  # its running statistics followed its own batches
+            eval_gap = float((outputs[c] - trainer.predict(split.x[:8])).abs().max())
+            assert eval_gap <= EXACT, f"client {c}'s eval-mode outputs differ by {eval_gap:.1e}"
+
+
+class NormalizedCNN:
+    """One block of VGG16-CIFAR's pattern (convolution → BatchNorm → ReLU → 2D dropout →
+    max-pool) and its classifier's (linear → BatchNorm → ReLU → dropout 0.5): every layer whose
+    statistics and masks are per client, in a model whose training keeps float32 rounding at
+    rounding over the contract check's four rounds. Deep BatchNorm stacks over minibatches of a
+    few samples amplify it on both paths alike (the paper encoders: checked above in float64),
+    and so do some shallow ones: perturbed by a relative 1e-8 before every local update, FedAvg
+    with this model moved by 1e-6 after four rounds, with 16 channels, 64 features and dropout
+    0.2 by 2e-2."""
+
+    class Params(ModelParams):
+        channels: int = 8
+        features: int = 16
+        dropout: float = 0.5
+        residual: bool = Field(False, description="a residual block after the first (ResNet's "
+                                                  "pattern): trained under vmap, not layer by "
+                                                  "layer")
+
+    @staticmethod
+    def build(params: Params, input_shape: tuple[int, ...], num_classes: int) -> SplitModel:
+        channels, (_, height, width) = params.channels, input_shape
+        block = [Residual(nn.Sequential(nn.Conv2d(channels, channels, 3, padding=1),
+                                        nn.BatchNorm2d(channels)))] if params.residual else []
+        encoder = nn.Sequential(
+            nn.Conv2d(input_shape[0], channels, 3, padding=1), nn.BatchNorm2d(channels),
+            nn.ReLU(), *block, nn.Dropout2d(params.dropout), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(channels * (height // 2) * (width // 2), params.features),
+            nn.BatchNorm1d(params.features), nn.ReLU(), nn.Dropout(params.dropout))
+        return SplitModel(encoder, nn.Linear(params.features, num_classes))
+
+
+class Residual(nn.Module):
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+@pytest.fixture
+def normalized_cnn():
+    with MODELS.temporarily("normalized_cnn", NormalizedCNN):
+        yield {"name": "normalized_cnn"}
+
+
+@pytest.mark.parametrize("method, variant", [
+    pytest.param("fedavg", {}, id="fedavg"), pytest.param("ditto", {}, id="ditto"),
+    pytest.param("hdcfl", {}, id="hdcfl"),
+    pytest.param("hdcfl", {"residual": True}, id="hdcfl-residual")])
+def test_batchnorm_and_dropout_pass_the_contracts_cohort_check(one_torch_thread, normalized_cnn,
+                                                               method, variant):
+    """The contract's cohort check on a model with BatchNorm and dropout: the server's averaged
+    running statistics (FedAvg), personal models with their own over two fits (Ditto),
+    encoders with their statistics averaged into prototypes beside private heads (HDC-FL), and
+    every client's scores in eval mode, in cohorts as one client at a time; layer by layer, and
+    under vmap for a model with a residual block (its clients' personal models scored in
+    batches under vmap too)."""
+    cohort_training_equals_the_sequential_path(method, SHORTER.get(method),
+                                               model={**normalized_cnn, **variant})
+
+
+class CumulativeCNN(NormalizedCNN):
+    """NormalizedCNN whose first BatchNorm averages over every batch it has seen (momentum
+    None)."""
+
+    @staticmethod
+    def build(params, input_shape, num_classes):
+        model = NormalizedCNN.build(params, input_shape, num_classes)
+        model.encoder[1].momentum = None
+        return model
+
+
+def test_a_cumulative_batchnorm_average_trains_one_client_after_another_and_says_why(caplog):
+    """BatchNorm with momentum None averages over the batches the worker's model has counted,
+    a count its clients share on the sequential path: no client's own copy reproduces it."""
+    with MODELS.temporarily("cumulative_cnn", CumulativeCNN), \
+            caplog.at_level(logging.WARNING, logger="raylf"):
+        rt = runtime("fedavg", 3, model={"name": "cumulative_cnn"})
+    assert rt.coordinator.pool.shards[0].cohort is None
+    assert "momentum None" in caplog.text and "one after another" in caplog.text

@@ -48,10 +48,19 @@ def run_channels_last(model: nn.Module) -> None:
 
 
 def _channels_last_input(_module: nn.Module, args: tuple) -> tuple:
-    return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+    return (_channels_last(args[0]), *args[1:])
 
 
 def _channels_last_output(_module: nn.Module, _args: tuple, output: torch.Tensor) -> torch.Tensor:
     # a one-channel input is NCHW and channels-last at once, and then the convolution's output
     # comes back NCHW: turn it here, before the activations that follow
-    return output.contiguous(memory_format=torch.channels_last)
+    return _channels_last(output)
+
+
+def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` channels-last, except inside a ``torch.func`` transform (cohort training's
+    ``vmap``), which picks no memory format: there the layout stays as it is, a speed choice
+    that changes no value beyond float rounding."""
+    if torch._C._functorch.is_functorch_wrapped_tensor(tensor):
+        return tensor
+    return tensor.contiguous(memory_format=torch.channels_last)
