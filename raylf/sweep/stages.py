@@ -50,6 +50,9 @@ class GridStage:
         spec, point = self.specs[config["trial_id"]]
         return Trial(config["trial_id"], validate(spec), point)
 
+    def trial_id(self, config: dict[str, Any]) -> str:
+        return config["trial_id"]
+
     def owns(self, row: dict[str, Any]) -> bool:
         return row["trial_id"] in self.specs
 

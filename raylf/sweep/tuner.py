@@ -14,11 +14,53 @@ from raylf import checkpoints, results
 from raylf.sweep.console import SweepConsole, make_active
 from raylf.sweep.plan import trial_bundles
 from raylf.sweep.spec import SweepSpec
-from raylf.sweep.trial import finished_row, run_trial
+from raylf.sweep.trial import SharedStage, finished_row, run_trial
+from raylf.sweep.trial_logs import TrialLogs
 
 
 class Interrupted(RuntimeError):
     """Tune returned before every trial of a stage ended (Ctrl-C): nothing after it may run."""
+
+
+class OfRunningStage:
+    """Something Tune asks the driver per trial, answered from the stage this process runs.
+
+    Tune pickles these callables: the names into every trial's saved state and into the tuner
+    it saves, the resources with the trainable, which it unpickles from Ray's registry for each
+    new trial. They pickle as a reference and unpickle as the same callable of the stage the
+    unpickling process runs, as the console does (None where none runs: a trial's process,
+    Tune's saved trials read for analysis; neither calls them). Pickled with the stage inside,
+    each held every trial's spec: the experiment state Tune rewrites as trials end grew with the
+    square of the trials (1.8 GB for 1,200), and so did the driver's time to start each one."""
+
+    def __init__(self, stage):
+        self.stage = stage
+
+    def __reduce__(self):
+        return (of_running_stage, (type(self),))
+
+
+class TrialNames(OfRunningStage):
+    """Tune's name and folder of a trial: the raylf trial id its config stands for
+    (``run_trial`` finds its Tune checkpoints in ``<stage.path>/<trial_id>``)."""
+
+    def __call__(self, tune_trial) -> str:
+        return self.stage.trial_id(tune_trial.config)
+
+
+class TrialResources(OfRunningStage):
+    """The placement group of a trial: its bundles (``raylf.sweep.plan.trial_bundles``)."""
+
+    def __call__(self, config) -> tune.PlacementGroupFactory:
+        return tune.PlacementGroupFactory(trial_bundles(self.stage.trial(config).spec),
+                                          strategy="PACK")
+
+
+_running: list = []  # the stage this process runs
+
+
+def of_running_stage(kind: type[OfRunningStage]) -> OfRunningStage | None:
+    return kind(_running[-1]) if _running else None
 
 
 def already_finished(stage) -> dict[str, int]:
@@ -32,26 +74,27 @@ def already_finished(stage) -> dict[str, int]:
 def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = False,
               trackers: list[tune.Callback] = ()) -> tune.ResultGrid:
     """Run (or resume) one Tune experiment of the sweep.
-    Tune's CSV and JSON results are kept; TensorBoard and the trackers only with ``--log``."""
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-
+    Each trial's config and reports are kept (``TrialLogs``); TensorBoard and the trackers
+    only with ``--log``."""
     console = SweepConsole(stage)
+    _running[:] = [stage]
+    names = TrialNames(stage)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, stage=stage, checkpoint_every=sweep.checkpoint_every,
+        tune.with_parameters(run_trial, stage=SharedStage.of(stage),
+                             checkpoint_every=sweep.checkpoint_every,
                              checkpoint_min_s=sweep.checkpoint_min_s,
                              report_min_s=sweep.report_min_s,
-                             # what shows every evaluation: the trackers, Tune's progress table
-                             report_evaluations=bool(trackers) or verbose,
+                             # what shows every report: the trackers, Tune's progress table
+                             shown=bool(trackers) or verbose,
                              keep_final_states=tuple(sweep.keep_final_states)),
-        lambda config: tune.PlacementGroupFactory(
-            trial_bundles(stage.trial(config).spec), strategy="PACK"))
+        TrialResources(stage))
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # objectives: evaluation rounds only
     run_config = tune.RunConfig(
         name=stage.name, storage_path=stage.storage_path,
         failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints.CHECKPOINTS_KEPT),
-        callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *trackers,
+        callbacks=[TrialLogs(), *trackers,
                    *([] if verbose else [console])],
         verbose=None if verbose else 0)
     make_active(None if verbose else console)
@@ -70,9 +113,7 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
                 # A trial's process is kept for the next trial of the same resources: each new
                 # one costs ~5 CPU-s of imports (torch, Tune, raylf), the bulk of a tiny trial.
                 reuse_actors=True,
-                trial_name_creator=lambda t: stage.trial(t.config).trial_id,
-                # run_trial finds its Tune checkpoints in <stage.path>/<trial_id>
-                trial_dirname_creator=lambda t: stage.trial(t.config).trial_id, **search),
+                trial_name_creator=names, trial_dirname_creator=names, **search),
             run_config=run_config)
     console.start(already_finished(stage))
     try:

@@ -1,0 +1,307 @@
+"""Sweep scaling: what a sweep costs per trial as it grows to thousands of trials.
+
+One grid sweep per size (``--sizes``, default 100, 1,000 and 10,000) of the same tiny trial
+(FedProx on the bundled digits, 6 clients, 3 rounds, one worker of half a CPU: each trial
+differs only in its seed), run as a user runs it (``python -m raylf.sweep``, a local Ray of
+``--cores`` CPUs, a local ``--storage``). Per size it records:
+
+- the process wall (what a user waits for: Ray's start, the plan, the trials, the report), the
+  trial phase (from the line naming the tables to the last trial's line) and the time after
+  the last trial (Tune's wrap-up, the leaderboard, the compacted tables and the report);
+- the bound: the trials' own compute over the cores, from ``--sample`` of the trials run in
+  this process (``run_experiment``, local backend, one torch thread as a sweep worker of half
+  a CPU gets; one untimed run first) times the size;
+- the driver's peak RSS (its own ``getrusage``, not Ray's processes);
+- bytes and objects written to the storage by kind, counted by the kernel while the sweep
+  runs (``benchmarks/storage_writes.py``): Tune's state (experiment state, searcher state,
+  tuner), Tune's trial logs, the tables, attempt markers, checkpoints, compacted tables,
+  report; and the size of Tune's experiment-state file at the end;
+- the wall per extra trial between consecutive sizes.
+
+``--resume-check N`` instead runs a sweep of N trials, SIGKILLs its driver and local Ray once
+half of them have finished, runs the same command again to the end, and checks that every
+trial's tables were written exactly once (one trials-table file published per trial, the
+trials table unique, every round once) and that the trials finished before the kill were not
+started again.
+
+    python benchmarks/sweep_scaling.py [--sizes 100 1000 10000] [--cores 2] [--out FILE]
+    python benchmarks/sweep_scaling.py --resume-check 1000 [--out FILE]
+
+Measure on a quiet machine if you can; ``uptime`` is recorded before and after each sweep,
+and only ratios within one invocation compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.storage_writes import StorageWrites  # noqa: E402
+
+NAME = "scale"
+EXPERIMENT = {
+    "dataset": {"name": "digits"},
+    "scenario": {"name": "label_subset", "k": 2},
+    "model": {"name": "mlp", "hidden": [16]},
+    "method": {"name": "fedprox"},
+    "federation": {"num_clients": 6, "participation": 0.5, "rounds": 3, "batch_size": 32},
+    "eval_every": 3,
+    "resources": {"workers": 1, "cpus_per_worker": 0.5},
+}
+TUNE_STATE = ("experiment_state-", "basic-variant-state-", "searcher-state-", "tuner.pkl",
+              "trainable.pkl", ".validate_storage_marker")
+# the driver, with its peak RSS written where the benchmark reads it once the sweep returns
+DRIVER = ("import json, resource, sys\n"
+          "from raylf.sweep.cli import main\n"
+          "code = main(sys.argv[2:])\n"
+          "with open(sys.argv[1], 'w') as f:\n"
+          "    json.dump({'driver_peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF)"
+          ".ru_maxrss / 1024}, f)\n"
+          "sys.exit(code)\n")
+
+
+def write_spec(folder: Path, trials: int) -> Path:
+    path = folder / f"scale-{trials}.yaml"
+    path.write_text(yaml.safe_dump({"name": NAME, "experiment": EXPERIMENT,
+                                    "seeds": list(range(trials))}, sort_keys=False))
+    return path
+
+
+def kind(relative: str) -> str | None:
+    """What a file under the storage root is, by its path (``<sweep>/...``)."""
+    parts = relative.split("/")[1:]
+    if ".staging" in parts or not parts:
+        return None
+    if parts[0] == "search":  # a search stage's root: the same layout below it
+        parts = parts[1:]
+    head = parts[0]
+    if head in ("tables", "attempts", "checkpoints", "report"):
+        return head
+    if head == "compact":
+        return "compacted tables"
+    if len(parts) == 1:
+        return "tune state" if parts[0].startswith(TUNE_STATE) else "sweep"
+    if any(p.startswith("checkpoint_") for p in parts):
+        return "checkpoints"
+    return "tune trial logs"
+
+
+def _workdir(keep: Path | None, prefix: str):
+    """``keep`` (left in place for a look afterwards), else a temporary folder."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        return contextlib.nullcontext(str(keep))
+    return tempfile.TemporaryDirectory(prefix=prefix)
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def compute_bound(spec_path: Path, cores: int, sample: int) -> dict:
+    """Mean in-process time of ``sample`` of the sweep's trials (one untimed first)."""
+    import torch
+
+    from raylf.experiment import run_experiment
+    from raylf.sweep.spec import load_sweep
+
+    _, trials = load_sweep(spec_path)
+    torch.set_num_threads(trials[0].spec.resources.threads_per_worker())
+    step = max(1, len(trials) // sample)
+    chosen = trials[::step][:sample]
+    with tempfile.TemporaryDirectory() as out:
+        run_experiment(trials[-1].spec, backend="local", out=out, trial_id="warm")
+        times = []
+        for trial in chosen:
+            start = time.perf_counter()
+            run_experiment(trial.spec, backend="local", out=out, trial_id=trial.trial_id)
+            times.append(time.perf_counter() - start)
+    mean = sum(times) / len(times)
+    return {"sampled": len(times), "trial_s": mean, "bound_s": mean * len(trials) / cores}
+
+
+def start_driver(spec_path: Path, storage: Path, cores: int, rss_file: Path) -> subprocess.Popen:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(rss_file), str(spec_path), "--storage", str(storage),
+         "--num-cpus", str(cores)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
+    """The sweep as a user runs it, with time stamps of its console lines and its writes."""
+    rss_file = storage.parent / f"rss-{trials}.json"
+    writes = StorageWrites(storage, kind).start()
+    before = uptime()
+    start = time.perf_counter()
+    driver = start_driver(spec_path, storage, cores, rss_file)
+    stamps: dict[str, float] = {}
+    last = f"[{trials}/{trials}]"
+    for line in driver.stdout:
+        now = time.perf_counter() - start
+        if line.startswith("tables:") and "tables" not in stamps:
+            stamps["tables"] = now
+        elif line.startswith(last):
+            stamps["last_trial"] = now
+        elif line.startswith("leaderboard") and "leaderboard" not in stamps:
+            stamps["leaderboard"] = now
+        elif line.startswith("report:"):
+            stamps["report"] = now
+    err = driver.stderr.read()
+    driver.wait()
+    wall = time.perf_counter() - start
+    writes.stop()
+    if driver.returncode or "last_trial" not in stamps:
+        raise RuntimeError(f"the sweep failed (exit {driver.returncode}):\n{err[-3000:]}")
+    states = sorted((storage / NAME).glob("experiment_state-*.json"))
+    left = [p for p in (storage / NAME).rglob("*") if p.is_file()]
+    return {
+        "trials": trials, "uptime_before": before, "uptime_after": uptime(),
+        "process_s": wall, "start_s": stamps["tables"],
+        "trial_phase_s": stamps["last_trial"] - stamps["tables"],
+        "after_trials_s": wall - stamps["last_trial"],
+        "tune_wrap_up_s": stamps.get("leaderboard", wall) - stamps["last_trial"],
+        "report_s": wall - stamps.get("leaderboard", wall),
+        **json.loads(rss_file.read_text()),
+        "tune_state_file_mb": states[-1].stat().st_size / 2**20 if states else None,
+        "objects_written": dict(writes.objects), "bytes_written": dict(writes.bytes),
+        "objects_left": len(left), "inotify_overflows": writes.overflows,
+        "vanished_before_stat": writes.vanished}
+
+
+def per_trial(record: dict) -> dict:
+    """Objects written per trial by kind (what scales with the trials)."""
+    return {k: v / record["trials"] for k, v in sorted(record["objects_written"].items())}
+
+
+def scaling(args) -> dict:
+    records = []
+    with _workdir(args.keep, "raylf-scale-") as tmp:
+        for trials in args.sizes:
+            spec_path = write_spec(Path(tmp), trials)
+            bound = compute_bound(spec_path, args.cores, args.sample)
+            record = {**sweep(spec_path, Path(tmp) / f"storage-{trials}", args.cores, trials),
+                      **bound}
+            record["process_over_bound"] = record["process_s"] / record["bound_s"]
+            records.append(record)
+            print(json.dumps({k: v for k, v in record.items() if not isinstance(v, dict)}),
+                  flush=True)
+    for before, after in zip(records, records[1:]):
+        extra = after["trials"] - before["trials"]
+        after["wall_per_extra_trial_s"] = (after["process_s"] - before["process_s"]) / extra
+        after["bound_per_extra_trial_s"] = (after["bound_s"] - before["bound_s"]) / extra
+    return {"cores": args.cores, "records": records}
+
+
+def resume_check(args) -> dict:
+    """Kill the driver once half the trials finished, run again; every trial written once."""
+    from raylf import results
+
+    trials = args.resume_check
+    with _workdir(args.keep, "raylf-resume-") as tmp:
+        spec_path = write_spec(Path(tmp), trials)
+        storage = Path(tmp) / "storage"
+        root = storage / NAME
+        writes = StorageWrites(storage, kind).start()
+        before = uptime()
+        driver = start_driver(spec_path, storage, args.cores, Path(tmp) / "rss.json")
+        half = f"[{trials // 2:>{len(str(trials))}}/{trials}]"
+        for line in driver.stdout:
+            if line.startswith(half):
+                break
+        finished_before = set(results.read_table(root, "trials").column("trial_id").to_pylist())
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.communicate()
+        killed_at = uptime()
+        attempts_before = {t: len(list((root / "attempts" / t).iterdir()))
+                           for t in finished_before}
+        driver = start_driver(spec_path, storage, args.cores, Path(tmp) / "rss.json")
+        out, err = driver.communicate()
+        writes.stop()
+        if driver.returncode:
+            raise RuntimeError(f"the resumed sweep failed ({driver.returncode}):\n{err[-3000:]}")
+        tables = results.load(root)
+        published = {path.split("/")[-1].removesuffix(".parquet"): count
+                     for path, count in writes.per_path.items()
+                     if path.startswith(f"{NAME}/tables/trials/")}
+        rounds = tables["rounds"].groupby("trial_id")["round"].apply(list)
+        attempts_after = {t: len(list((root / "attempts" / t).iterdir()))
+                          for t in finished_before}
+    trial_ids = list(tables["trials"]["trial_id"])
+    check = {
+        "trials": trials, "uptime_before": before, "uptime_at_kill": killed_at,
+        "uptime_after": uptime(), "finished_before_kill": len(finished_before),
+        "resumed_output_says": next((line for line in out.splitlines()
+                                     if line.startswith("resuming:")), None),
+        "trials_rows": len(trial_ids), "trials_unique": len(set(trial_ids)) == len(trial_ids),
+        "every_status_ok": set(tables["trials"]["status"]) == {"ok"},
+        "rounds_each_once": bool((rounds.map(sorted) == rounds.map(
+            lambda r: list(range(1, EXPERIMENT["federation"]["rounds"] + 1)))).all()),
+        "trials_files_published": sum(published.values()),
+        "trials_published_more_than_once": sorted(t for t, n in published.items() if n > 1),
+        "finished_before_kill_started_again": sorted(
+            t for t in finished_before if attempts_after[t] != attempts_before[t]),
+    }
+    check["ok"] = (check["trials_rows"] == trials and check["trials_unique"]
+                   and check["every_status_ok"] and check["rounds_each_once"]
+                   and check["trials_files_published"] == trials
+                   and not check["trials_published_more_than_once"]
+                   and not check["finished_before_kill_started_again"])
+    return check
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--sample", type=int, default=50,
+                        help="trials timed in process for the bound")
+    parser.add_argument("--resume-check", type=int, metavar="N",
+                        help="kill and resume a sweep of N trials; check each trial once")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="run in DIR and leave the storage there (default: a temporary one)")
+    args = parser.parse_args(argv)
+    result = resume_check(args) if args.resume_check else scaling(args)
+    if args.resume_check:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(result))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2))
+    return 0 if result.get("ok", True) else 1
+
+
+def table(result: dict) -> str:
+    """The README's table: one row per size."""
+    lines = ["| trials | process wall | bound | wall per extra trial | trial phase | after the "
+             "last trial | driver peak RSS | Tune state file | objects written per trial | "
+             "load average |", "|" + "---|" * 10]
+    for r in result["records"]:
+        extra = r.get("wall_per_extra_trial_s")
+        objects = ", ".join(f"{k} {v:.2f}" for k, v in per_trial(r).items())
+        lines.append(
+            f"| {r['trials']:,} | {r['process_s']:.1f} s | {r['bound_s']:.1f} s | "
+            f"{'-' if extra is None else f'{extra:.3f} s'} | {r['trial_phase_s']:.1f} s | "
+            f"{r['after_trials_s']:.1f} s | {r['driver_peak_rss_mb']:.0f} MB | "
+            f"{r['tune_state_file_mb']:.1f} MB | {objects} | "
+            f"{r['uptime_before'].split('load average:')[-1].strip()} → "
+            f"{r['uptime_after'].split('load average:')[-1].strip()} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Tune's record of each trial: ``params.json`` (its config) and ``result.json`` (one JSON line
+per report to Tune, as Tune's JSON logger writes them) in the trial's Tune folder, each written
+to the sweep's storage once an attempt ends.
+
+Tune's own logger callbacks write these files into the driver's staging folder, and Tune copies
+that whole folder to the storage at every experiment snapshot: every trial's files again at
+each one, so a sweep's uploads grew with the square of its trials (at 400 trials each trial's
+files had been written 8 times). Written straight to the storage they are written once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ray import tune
+from ray.tune.utils.util import SafeFallbackEncoder
+
+from raylf.storage import create_folder
+
+PARAMS, RESULTS = "params.json", "result.json"
+
+
+class TrialLogs(tune.Callback):
+    """Keeps each running trial's reports; when an attempt ends (finished, failed, retried)
+    writes its config and every report so far to the trial's Tune folder in the storage
+    (through Tune's own view of that storage, so local and object storage alike)."""
+
+    def __init__(self):
+        self._lines: dict[str, list[str]] = {}  # Tune's trial id → this attempt's reports
+        self._written: dict[str, str] = {}  # Tune's trial id → result.json as last written
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self._lines.setdefault(trial.trial_id, []).append(
+            json.dumps(result, cls=SafeFallbackEncoder))
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._write(trial)
+        self._written.pop(trial.trial_id, None)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._write(trial)
+        self._written.pop(trial.trial_id, None)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._write(trial)
+
+    def _write(self, trial) -> None:
+        fs, folder = trial.storage.storage_filesystem, trial.storage.trial_fs_path
+        lines = self._lines.pop(trial.trial_id, [])
+        if trial.trial_id not in self._written:  # the first end in this process
+            _put(fs, f"{folder}/{PARAMS}", json.dumps(trial.config, indent=2, sort_keys=True,
+                                                      cls=SafeFallbackEncoder))
+            before = _get(fs, f"{folder}/{RESULTS}")  # a resumed sweep's earlier attempts
+        else:
+            before = self._written[trial.trial_id]
+        text = before + "".join(line + "\n" for line in lines)
+        _put(fs, f"{folder}/{RESULTS}", text)
+        self._written[trial.trial_id] = text
+
+
+def _put(fs: Any, path: str, text: str) -> None:
+    create_folder(fs, path.rsplit("/", 1)[0])
+    with fs.open_output_stream(path) as out:
+        out.write(text.encode())
+
+
+def _get(fs: Any, path: str) -> str:
+    try:
+        with fs.open_input_stream(path) as stream:
+            return stream.read().decode()
+    except FileNotFoundError:
+        return ""
