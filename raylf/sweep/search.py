@@ -130,6 +130,10 @@ class SearchStage:
     def trial_id(self, config: dict[str, Any]) -> str:
         return self.trial(config).trial_id
 
+    def experiments(self) -> list[SearchStage]:
+        """One Tune experiment, however many trials: its searcher and scheduler see them all."""
+        return [self]
+
     def owns(self, row: dict[str, Any]) -> bool:
         """Whether a row of the search tables is one of this stage's trials."""
         return row.get("search") == self.plan.key

@@ -100,6 +100,17 @@ def finished_row(root: str, trial_id: str) -> dict[str, Any] | None:
     return row
 
 
+def finished_rows(root: str) -> list[dict[str, Any]]:
+    """:func:`finished_row` of every trial under ``root``: one read of the trials table and one
+    listing a table, not a look-up a trial (a resumed sweep of thousands)."""
+    table = results.read_table(root, "trials")
+    if table is None:
+        return []
+    complete = set.intersection(*(results.written_trials(root, name) for name in results.TABLES))
+    return [row for row in table.to_pylist()
+            if row["status"] in RECORDED_ENDS and row["trial_id"] in complete]
+
+
 def _metrics(values: dict[str, Any], objective: str | None, shown: bool) -> dict[str, Any]:
     """What a trial reports to Tune: its round and the objective when it has one, and every
     number of the record when something shows them (``shown``: ``--log`` trackers, Tune's

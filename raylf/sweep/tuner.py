@@ -7,14 +7,16 @@ worker imports."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from ray import tune
 
-from raylf import checkpoints, results
+from raylf import checkpoints
 from raylf.sweep.console import SweepConsole, make_active
 from raylf.sweep.plan import trial_bundles
 from raylf.sweep.spec import SweepSpec
-from raylf.sweep.trial import SharedStage, finished_row, run_trial
+from raylf.sweep.trial import SharedStage, finished_rows, run_trial
 from raylf.sweep.trial_logs import TrialLogs
 
 
@@ -65,41 +67,65 @@ def of_running_stage(kind: type[OfRunningStage]) -> OfRunningStage | None:
 
 def already_finished(stage) -> dict[str, int]:
     """Trial id → rounds of the stage's trials whose tables say they ended for good."""
-    table = results.read_table(stage.root, "trials")
-    rows = table.to_pylist() if table is not None else []
-    return {r["trial_id"]: r["federation.rounds"] for r in rows
-            if stage.owns(r) and finished_row(stage.root, r["trial_id"]) is not None}
+    return {r["trial_id"]: r["federation.rounds"] for r in finished_rows(stage.root)
+            if stage.owns(r)}
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What the sweep keeps of a Tune trial once its experiment returns (Tune's result also
+    holds a data frame of every report, which thousands of trials would keep in memory)."""
+
+    config: dict[str, Any]
+    error: Exception | None
 
 
 def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = False,
-              trackers: list[tune.Callback] = ()) -> tune.ResultGrid:
-    """Run (or resume) one Tune experiment of the sweep.
-    Each trial's config and reports are kept (``TrialLogs``); TensorBoard and the trackers
-    only with ``--log``."""
+              trackers: list[tune.Callback] = ()) -> list[Ended]:
+    """Run (or resume) a stage of the sweep: its Tune experiments one after the other
+    (``stage.experiments()``: one, or parts of a large grid). Each trial's config and reports
+    are kept (``TrialLogs``); TensorBoard and the trackers only with ``--log``."""
     console = SweepConsole(stage)
     _running[:] = [stage]
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # objectives: evaluation rounds only
+    if not verbose:  # Tune's newer output engine prints its start block even at verbose=0
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    make_active(None if verbose else console)
+    console.start(already_finished(stage))
+    callbacks = [TrialLogs(), *trackers, *([] if verbose else [console])]
+    ended: list[Ended] = []
+    try:
+        for experiment in stage.experiments():
+            ended += _fit(experiment, sweep=sweep, max_concurrent=max_concurrent,
+                          shown=bool(trackers) or verbose, callbacks=callbacks,
+                          verbose=verbose)
+    except tune.TuneError:  # how Tune passes on the console's StorageUnwritable
+        if console.storage_error is None:
+            raise
+        raise console.storage_error from None
+    finally:
+        console.finish()
+    return ended
+
+
+def _fit(stage, *, sweep: SweepSpec, max_concurrent: int, shown: bool,
+         callbacks: list[tune.Callback], verbose: bool) -> list[Ended]:
+    """Run (or resume) one Tune experiment."""
     names = TrialNames(stage)
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, stage=SharedStage.of(stage),
                              checkpoint_every=sweep.checkpoint_every,
                              checkpoint_min_s=sweep.checkpoint_min_s,
                              report_min_s=sweep.report_min_s,
-                             # what shows every report: the trackers, Tune's progress table
-                             shown=bool(trackers) or verbose,
+                             shown=shown,  # what shows every report: trackers, Tune's table
                              keep_final_states=tuple(sweep.keep_final_states)),
         TrialResources(stage))
-    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
-    os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # objectives: evaluation rounds only
     run_config = tune.RunConfig(
         name=stage.name, storage_path=stage.storage_path,
         failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints.CHECKPOINTS_KEPT),
-        callbacks=[TrialLogs(), *trackers,
-                   *([] if verbose else [console])],
-        verbose=None if verbose else 0)
-    make_active(None if verbose else console)
-    if not verbose:  # Tune's newer output engine prints its start block even at verbose=0
-        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        callbacks=callbacks, verbose=None if verbose else 0)
     space, search = stage.tune_setup(max_concurrent)
     if tune.Tuner.can_restore(stage.path):
         # The space again: Tune does not keep it, and starts afresh from it when the driver died
@@ -115,16 +141,8 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
                 reuse_actors=True,
                 trial_name_creator=names, trial_dirname_creator=names, **search),
             run_config=run_config)
-    console.start(already_finished(stage))
-    try:
-        grid = tuner.fit()
-    except tune.TuneError:  # how Tune passes on the console's StorageUnwritable
-        if console.storage_error is None:
-            raise
-        raise console.storage_error from None
-    finally:
-        console.finish()
+    grid = tuner.fit()
     if grid.num_terminated + grid.num_errors < stage.planned:
         raise Interrupted(f"{stage.planned - grid.num_terminated - grid.num_errors} trial(s) of "
                           f"{stage.path} did not end")
-    return grid
+    return [Ended(result.config, result.error) for result in grid]
