@@ -44,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,11 +93,11 @@ def kind(relative: str) -> str | None:
         return head
     if head == "compact":
         return "compacted tables"
-    if len(parts) == 1:
-        return "tune state" if parts[0].startswith(TUNE_STATE) else "sweep"
     if any(p.startswith("checkpoint_") for p in parts):
         return "checkpoints"
-    return "tune trial logs"
+    if parts[-1].startswith(TUNE_STATE):  # in the sweep's folder or a part's (part-<i>/)
+        return "tune state"
+    return "sweep" if len(parts) == 1 else "tune trial logs"
 
 
 def _workdir(keep: Path | None, prefix: str):
@@ -166,8 +167,10 @@ def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
     writes.stop()
     if driver.returncode or "last_trial" not in stamps:
         raise RuntimeError(f"the sweep failed (exit {driver.returncode}):\n{err[-3000:]}")
-    states = sorted((storage / NAME).glob("experiment_state-*.json"))
-    left = [p for p in (storage / NAME).rglob("*") if p.is_file()]
+    states = list((storage / NAME).glob("**/experiment_state-*.json"))
+    left = [p for p in (storage / NAME).rglob("*") if p.is_file() and ".staging" not in p.parts]
+    trials_table = pq.read_table(storage / NAME / "compact" / "tables" / "trials" /
+                                 "trials.parquet", columns=["wall_s"])
     return {
         "trials": trials, "uptime_before": before, "uptime_after": uptime(),
         "process_s": wall, "start_s": stamps["tables"],
@@ -176,9 +179,14 @@ def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
         "tune_wrap_up_s": stamps.get("leaderboard", wall) - stamps["last_trial"],
         "report_s": wall - stamps.get("leaderboard", wall),
         **json.loads(rss_file.read_text()),
-        "tune_state_file_mb": states[-1].stat().st_size / 2**20 if states else None,
+        # the largest experiment-state file (one a Tune experiment: part-<i>/ above 2,000)
+        "tune_state_file_mb": max(p.stat().st_size for p in states) / 2**20,
+        "tune_experiments": len(states),
+        # the issue's bound: the trials' own wall in the sweep (trials table), over the cores
+        "in_sweep_bound_s": sum(trials_table.column("wall_s").to_pylist()) / cores,
         "objects_written": dict(writes.objects), "bytes_written": dict(writes.bytes),
-        "objects_left": len(left), "inotify_overflows": writes.overflows,
+        "objects_left": len(left), "objects_left_per_trial": len(left) / trials,
+        "inotify_overflows": writes.overflows,
         "vanished_before_stat": writes.vanished}
 
 
@@ -203,6 +211,14 @@ def scaling(args) -> dict:
         extra = after["trials"] - before["trials"]
         after["wall_per_extra_trial_s"] = (after["process_s"] - before["process_s"]) / extra
         after["bound_per_extra_trial_s"] = (after["bound_s"] - before["bound_s"]) / extra
+        after["extra_trials_over_bound"] = (
+            after["wall_per_extra_trial_s"] / after["bound_per_extra_trial_s"])
+        after["extra_trials_over_in_sweep_bound"] = (
+            (after["process_s"] - before["process_s"])
+            / (after["in_sweep_bound_s"] - before["in_sweep_bound_s"]))
+    for later, earlier in zip(records[2:], records[1:]):
+        later["extra_wall_growth"] = (later["wall_per_extra_trial_s"]
+                                      / earlier["wall_per_extra_trial_s"])
     return {"cores": args.cores, "records": records}
 
 

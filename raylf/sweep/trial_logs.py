@@ -11,6 +11,7 @@ files had been written 8 times). Written straight to the storage they are writte
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from ray import tune
@@ -19,6 +20,7 @@ from ray.tune.utils.util import SafeFallbackEncoder
 from raylf.storage import create_folder
 
 PARAMS, RESULTS = "params.json", "result.json"
+logger = logging.getLogger(__name__)
 
 
 class TrialLogs(tune.Callback):
@@ -35,28 +37,39 @@ class TrialLogs(tune.Callback):
             json.dumps(result, cls=SafeFallbackEncoder))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._write(trial)
-        self._written.pop(trial.trial_id, None)
+        self._write(trial, final=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._write(trial)
-        self._written.pop(trial.trial_id, None)
+        self._write(trial, final=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._write(trial)
+        self._write(trial, final=False)
 
-    def _write(self, trial) -> None:
+    def _write(self, trial, final: bool) -> None:
+        """A storage that fails the write (an outage) fails no trial: the reports wait for the
+        trial's next end, as Tune's own uploads retry at its next snapshot (the sweep's console
+        tells the user about the storage)."""
         fs, folder = trial.storage.storage_filesystem, trial.storage.trial_fs_path
         lines = self._lines.pop(trial.trial_id, [])
-        if trial.trial_id not in self._written:  # the first end in this process
-            _put(fs, f"{folder}/{PARAMS}", json.dumps(trial.config, indent=2, sort_keys=True,
-                                                      cls=SafeFallbackEncoder))
-            before = _get(fs, f"{folder}/{RESULTS}")  # a resumed sweep's earlier attempts
-        else:
-            before = self._written[trial.trial_id]
-        text = before + "".join(line + "\n" for line in lines)
-        _put(fs, f"{folder}/{RESULTS}", text)
-        self._written[trial.trial_id] = text
+        try:
+            if trial.trial_id not in self._written:  # the first end in this process
+                _put(fs, f"{folder}/{PARAMS}", json.dumps(
+                    trial.config, indent=2, sort_keys=True, cls=SafeFallbackEncoder))
+                before = _get(fs, f"{folder}/{RESULTS}")  # a resumed sweep's earlier attempts
+            else:
+                before = self._written[trial.trial_id]
+            text = before + "".join(line + "\n" for line in lines)
+            _put(fs, f"{folder}/{RESULTS}", text)
+        except OSError as err:
+            if not final:
+                self._lines[trial.trial_id] = lines + self._lines.get(trial.trial_id, [])
+            logger.warning("Tune's log of trial %s not written: %s", trial, err)
+            return
+        finally:
+            if final:
+                self._written.pop(trial.trial_id, None)
+        if not final:
+            self._written[trial.trial_id] = text
 
 
 def _put(fs: Any, path: str, text: str) -> None:

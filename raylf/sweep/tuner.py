@@ -93,7 +93,9 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     make_active(None if verbose else console)
     console.start(already_finished(stage))
-    callbacks = [TrialLogs(), *trackers, *([] if verbose else [console])]
+    # the console first: on a failed trial it probes the storage and stops the sweep if that
+    # is down, before anything else writes there
+    callbacks = [*([] if verbose else [console]), TrialLogs(), *trackers]
     ended: list[Ended] = []
     try:
         for experiment in stage.experiments():
