@@ -220,12 +220,13 @@ def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: i
     inline = trains_inline(spec)
     placement = None if inline else (ray.util.get_current_placement_group(), 1)
     try:
-        run_experiment(spec, backend="inline" if inline else "ray", out=root, trial_id=trial_id,
-                       sweep=stage.sweep, placement=placement, on_round=on_round,
-                       checkpoint_every=checkpoint_every, checkpoint_min_s=checkpoint_min_s,
-                       checkpoint_last=keep, progress=progress, snapshot=snapshot, reraise=True,
-                       extra={"attempts": attempts, **stage.extra})
-        if finished_row(root, trial_id) is not None:  # its tables record an end for good
+        result = run_experiment(
+            spec, backend="inline" if inline else "ray", out=root, trial_id=trial_id,
+            sweep=stage.sweep, placement=placement, on_round=on_round,
+            checkpoint_every=checkpoint_every, checkpoint_min_s=checkpoint_min_s,
+            checkpoint_last=keep, progress=progress, snapshot=snapshot, reraise=True,
+            extra={"attempts": attempts, **stage.extra})
+        if result.status in RECORDED_ENDS:  # the tables it just wrote record an end for good
             checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
     except OSError as err:
         raise StorageUnwritable(f"cannot write to {root}: {err}") from None

@@ -1,6 +1,7 @@
 """Tune's record of each trial: ``params.json`` (its config) and ``result.json`` (one JSON line
 per report to Tune, as Tune's JSON logger writes them) in the trial's Tune folder, each written
-to the sweep's storage once an attempt ends.
+to the sweep's storage once an attempt ends; and Tune's staging folder of the trial in the
+driver removed once it ended, if empty.
 
 Tune's own logger callbacks write these files into the driver's staging folder, and Tune copies
 that whole folder to the storage at every experiment snapshot: every trial's files again at
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from ray import tune
@@ -38,9 +40,11 @@ class TrialLogs(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._write(trial, final=True)
+        _drop_staging_folder(trial)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._write(trial, final=True)
+        _drop_staging_folder(trial)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self._write(trial, final=False)
@@ -70,6 +74,17 @@ class TrialLogs(tune.Callback):
                 self._written.pop(trial.trial_id, None)
         if not final:
             self._written[trial.trial_id] = text
+
+
+def _drop_staging_folder(trial) -> None:
+    """Tune's staging folder of an ended trial in the driver, if it is empty (it holds Tune's
+    error files if the trial failed). Tune uploads its whole staging folder at each snapshot of
+    the experiment, and an object store writes a marker object for every folder in it each
+    time: one for every trial so far, at every snapshot."""
+    try:
+        os.rmdir(trial.local_path)
+    except OSError:  # not empty, or gone
+        pass
 
 
 def _put(fs: Any, path: str, text: str) -> None:
