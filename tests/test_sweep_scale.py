@@ -5,8 +5,10 @@ written once."""
 
 from __future__ import annotations
 
+import collections
 import json
 import pickle
+import re
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,7 +18,7 @@ from raylf.sweep import cli as sweep_cli
 from raylf.sweep import stages, tuner
 from raylf.sweep.spec import load_sweep
 from tests.faults.helpers import attempts, complete_trials
-from tests.test_sweep import write_sweep
+from tests.test_sweep import run_sweep, write_sweep
 
 ROUNDS = 2
 
@@ -125,3 +127,44 @@ def test_per_trial_files_joined_in_batches_equal_one_join(tmp_path, monkeypatch,
     monkeypatch.setattr(results, "BATCH", batch)
     table = results.read_table(tmp_path, "trials")
     assert table.to_pylist() == rows and str(table.schema.field("weights").type) == "string"
+
+
+def _uploads(log: str, bucket: str) -> collections.Counter:
+    """Objects whose upload completed, by key, from moto's request log: a single PUT, or the
+    POST that completes a multipart upload."""
+    done: collections.Counter = collections.Counter()
+    for verb, key, query in re.findall(rf'"(PUT|POST) /{bucket}/(\S*?)(?:\?(\S*))? HTTP', log):
+        if (verb == "PUT" and "partNumber" not in query) or (
+                verb == "POST" and "uploadId=" in query):
+            done[key] += 1
+    return done
+
+
+@pytest.mark.slow
+def test_on_s3_a_trial_writes_each_of_its_objects_once_and_no_folder_markers(s3, tmp_path):
+    """Per trial on S3: its three tables, an attempt marker, Tune's params.json and result.json,
+    each uploaded once; no folder marker objects for tables or attempts (pyarrow writes one
+    per level of every folder it is asked to create), and Tune's folder of a trial at most
+    once (its snapshots uploaded every trial's staging folder each time)."""
+    from tests.s3 import BUCKET
+
+    spec, trials = _grid(tmp_path, 3)
+    storage = s3.uri(tmp_path.name)
+    lines_before = len(s3.log.read_text().splitlines())
+    proc = run_sweep(spec, storage, **s3.env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = "\n".join(s3.log.read_text().splitlines()[lines_before:])
+    uploads = _uploads(log, BUCKET)
+    root = f"{tmp_path.name}/t"
+    for trial in trials:
+        own = {key.removeprefix(f"{root}/"): count for key, count in uploads.items()
+               if trial.trial_id in key}
+        attempt = [key for key in own if key.startswith("attempts/")]
+        assert len(attempt) == 1, own
+        assert {key: count for key, count in own.items() if key not in attempt} | {
+            "attempt": own[attempt[0]]} == {
+            f"tables/{name}/{trial.trial_id}.parquet": 1 for name in results.TABLES} | {
+            f"{trial.trial_id}/params.json": 1, f"{trial.trial_id}/result.json": 1,
+            "attempt": 1} | ({f"{trial.trial_id}/": 1} if f"{trial.trial_id}/" in own else {})
+    markers = [key for key in uploads if key.endswith("/")]
+    assert not [key for key in markers if "/tables/" in key or "/attempts/" in key], markers
