@@ -135,10 +135,10 @@ def delete_trial(root: str | Path, trial_id: str) -> None:
 def read_trial(root: str | Path, trial_id: str) -> dict[str, Any] | None:
     """The trials-table row one trial wrote, or None if it has not finished writing."""
     fs, base = filesystem(root)
-    path = f"{base}/tables/trials/{trial_id}.parquet"
-    if fs.get_file_info(path).type != pafs.FileType.File:
+    try:
+        rows = _read_file(fs, f"{base}/tables/trials/{trial_id}.parquet").to_pylist()
+    except FileNotFoundError:
         return None
-    rows = pq.read_table(path, filesystem=fs).to_pylist()
     return rows[0] if rows else None
 
 
@@ -184,13 +184,17 @@ def _read_files(fs: pafs.FileSystem, files: list[pafs.FileInfo]) -> pa.Table:
     read after a round trip) and joined a batch at a time: a sweep's thousands of one-trial
     tables, each with its own schema and metadata, held at once took 850 MB for 10,000
     trials' three tables whose rows take a few."""
-    def read(info: pafs.FileInfo) -> pa.Table:
-        with fs.open_input_file(info.path) as source:
-            return pq.ParquetFile(source).read()
-
     with ThreadPoolExecutor(READERS) as pool:
-        return _joined([_joined(list(pool.map(read, files[start:start + BATCH])))
+        return _joined([_joined(list(pool.map(lambda info: _read_file(fs, info.path),
+                                              files[start:start + BATCH])))
                         for start in range(0, len(files), BATCH)])
+
+
+def _read_file(fs: pafs.FileSystem, path: str) -> pa.Table:
+    """One Parquet file, read directly: half the time of ``pq.read_table``'s dataset layer on
+    a one-trial file, which a sweep pays per trial and file."""
+    with fs.open_input_file(path) as source:
+        return pq.ParquetFile(source).read()
 
 
 def _joined(parts: list[pa.Table]) -> pa.Table:
