@@ -6,7 +6,9 @@ report), by the trial processes (tables, attempt markers, checkpoints) and by py
 code; counting at the kernel sees them all, rewrites included (Tune rewrites its experiment
 state in place), which a listing at the end cannot. A file written in a hidden staging folder
 and then renamed into place (``raylf.storage.publish``) counts once, as the rename: on an
-object store it is one upload.
+object store it is one upload. The kernel merges an event with an identical one still queued:
+the same file rewritten faster than the counter reads counts once (Tune rewrites its state
+seconds apart).
 
 Used by ``benchmarks/sweep_scaling.py``; Linux only.
 """

@@ -176,7 +176,9 @@ def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
         "process_s": wall, "start_s": stamps["tables"],
         "trial_phase_s": stamps["last_trial"] - stamps["tables"],
         "after_trials_s": wall - stamps["last_trial"],
-        "tune_wrap_up_s": stamps.get("leaderboard", wall) - stamps["last_trial"],
+        # Tune's end of the last experiment and the compaction, then the leaderboard and the
+        # report (which read the compacted tables)
+        "end_and_compaction_s": stamps.get("leaderboard", wall) - stamps["last_trial"],
         "report_s": wall - stamps.get("leaderboard", wall),
         **json.loads(rss_file.read_text()),
         # the largest experiment-state file (one a Tune experiment: part-<i>/ above 2,000)
@@ -303,19 +305,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(result: dict) -> str:
     """The README's table: one row per size."""
-    lines = ["| trials | process wall | bound | wall per extra trial | trial phase | after the "
-             "last trial | driver peak RSS | Tune state file | objects written per trial | "
-             "load average |", "|" + "---|" * 10]
+    lines = ["| trials | process wall | bound | wall per extra trial (× bound's) | trial phase | "
+             "Tune's end + compaction | leaderboard + report | driver peak RSS | Tune state "
+             "file (experiments) | objects written per trial | load average before → after |",
+             "|" + "---|" * 11]
     for r in result["records"]:
         extra = r.get("wall_per_extra_trial_s")
+        extra = "-" if extra is None else \
+            f"{extra * 1000:.1f} ms ({r['extra_trials_over_bound']:.1f}×)"
         objects = ", ".join(f"{k} {v:.2f}" for k, v in per_trial(r).items())
+        load = [r[k].split("load average:")[-1].strip() for k in ("uptime_before", "uptime_after")]
         lines.append(
-            f"| {r['trials']:,} | {r['process_s']:.1f} s | {r['bound_s']:.1f} s | "
-            f"{'-' if extra is None else f'{extra:.3f} s'} | {r['trial_phase_s']:.1f} s | "
-            f"{r['after_trials_s']:.1f} s | {r['driver_peak_rss_mb']:.0f} MB | "
-            f"{r['tune_state_file_mb']:.1f} MB | {objects} | "
-            f"{r['uptime_before'].split('load average:')[-1].strip()} → "
-            f"{r['uptime_after'].split('load average:')[-1].strip()} |")
+            f"| {r['trials']:,} | {r['process_s']:.1f} s | {r['bound_s']:.1f} s | {extra} | "
+            f"{r['trial_phase_s']:.1f} s | {r['end_and_compaction_s']:.1f} s | "
+            f"{r['report_s']:.1f} s | {r['driver_peak_rss_mb']:.0f} MB | "
+            f"{r['tune_state_file_mb']:.1f} MB ({r['tune_experiments']}) | {objects} | "
+            f"{load[0]} → {load[1]} |")
     return "\n".join(lines)
 
 
