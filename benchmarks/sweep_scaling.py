@@ -11,7 +11,8 @@ differs only in its seed), run as a user runs it (``python -m raylf.sweep``, a l
 - the bound: the trials' own compute over the cores, from ``--sample`` of the trials run in
   this process (``run_experiment``, local backend, one torch thread as a sweep worker of half
   a CPU gets; one untimed run first) times the size;
-- the driver's peak RSS (its own ``getrusage``, not Ray's processes);
+- the driver's peak RSS (its own ``getrusage``, not Ray's processes), and its RSS every 2 s
+  against the trials done;
 - bytes and objects written to the storage by kind, counted by the kernel while the sweep
   runs (``benchmarks/storage_writes.py``): Tune's state (experiment state, searcher state,
   tuner), Tune's trial logs, the tables, attempt markers, checkpoints, compacted tables,
@@ -41,9 +42,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pyarrow.parquet as pq
 import yaml
 
@@ -151,8 +154,25 @@ def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
     driver = start_driver(spec_path, storage, cores, rss_file)
     stamps: dict[str, float] = {}
     last = f"[{trials}/{trials}]"
+    done = [0]  # trial lines so far
+    samples: list[tuple[float, int, float]] = []  # (s since start, trials done, driver RSS MB)
+    sampling = threading.Event()
+
+    def sample_rss() -> None:
+        process = psutil.Process(driver.pid)
+        while not sampling.wait(2.0):
+            try:
+                rss = process.memory_info().rss / 2**20
+            except psutil.NoSuchProcess:
+                return
+            samples.append((round(time.perf_counter() - start, 1), done[0], round(rss)))
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
     for line in driver.stdout:
         now = time.perf_counter() - start
+        if line.startswith("["):
+            done[0] += 1
         if line.startswith("tables:") and "tables" not in stamps:
             stamps["tables"] = now
         elif line.startswith(last):
@@ -164,6 +184,8 @@ def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
     err = driver.stderr.read()
     driver.wait()
     wall = time.perf_counter() - start
+    sampling.set()
+    sampler.join()
     writes.stop()
     if driver.returncode or "last_trial" not in stamps:
         raise RuntimeError(f"the sweep failed (exit {driver.returncode}):\n{err[-3000:]}")
@@ -189,7 +211,8 @@ def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
         "objects_written": dict(writes.objects), "bytes_written": dict(writes.bytes),
         "objects_left": len(left), "objects_left_per_trial": len(left) / trials,
         "inotify_overflows": writes.overflows,
-        "vanished_before_stat": writes.vanished}
+        "vanished_before_stat": writes.vanished,
+        "driver_rss_samples": samples}
 
 
 def per_trial(record: dict) -> dict:
@@ -207,7 +230,7 @@ def scaling(args) -> dict:
                       **bound}
             record["process_over_bound"] = record["process_s"] / record["bound_s"]
             records.append(record)
-            print(json.dumps({k: v for k, v in record.items() if not isinstance(v, dict)}),
+            print(json.dumps({k: v for k, v in record.items() if not isinstance(v, (dict, list))}),
                   flush=True)
     for before, after in zip(records, records[1:]):
         extra = after["trials"] - before["trials"]
