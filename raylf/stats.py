@@ -34,26 +34,41 @@ def reported_deployable(trials: pd.DataFrame, deployables: list[str],
     whose metrics in ``trials`` (rows of one method or trial) carry no ``_<deployable>`` suffix.
     The clients table's row order says nothing (Ditto's and FedAMP's shared-model rows may come
     first); the metric names are what the engine wrote (``raylf.metrics.summarize``)."""
-    present = trials.dropna(axis=1, how="all")
+    return _unsuffixed(set(trials.columns[trials.notna().any()]), deployables, tasks)
+
+
+def _unsuffixed(present: set[str], deployables: list[str], tasks: set[str]) -> str | None:
+    """:func:`reported_deployable` given the metric names that carry a value (``present``)."""
     task = "" if tasks <= {"main"} else f"_{sorted(tasks - {'main'})[0]}"
     return next((d for d in deployables if f"acc_mean{task}_{d}" not in present), None)
 
 
 def reported_rows(clients: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     """The clients-table rows of each trial's reported deployable (:func:`reported_deployable`)
-    and test split; a trial absent from ``trials`` keeps all its test rows."""
+    and test split; a trial absent from ``trials`` keeps all its test rows. Each trial's
+    deployables and tasks are gathered in one pass over the rows, not a lookup a trial: a
+    sweep of thousands of trials would pay one per trial in pandas' overhead."""
     rows = clients[clients["split"] == "test"] if "split" in clients else clients
     if rows.empty or "deployable" not in rows or "trial_id" not in trials:
         return rows
-    by_trial = trials.set_index("trial_id")
-    chosen = {}
-    for trial_id, own in rows.groupby("trial_id", sort=False):
-        if trial_id in by_trial.index:
-            tasks = set(own["task"].dropna()) if "task" in own else set()
-            chosen[trial_id] = reported_deployable(
-                by_trial.loc[[trial_id]], list(dict.fromkeys(own["deployable"].dropna())), tasks)
+    valued = trials.set_index("trial_id").filter(like="acc_mean").notna()
+    names = valued.columns.to_numpy()
+    deployables = _first_seen(rows, "deployable")
+    tasks = _first_seen(rows, "task") if "task" in rows else {}
+    chosen = {trial_id: _unsuffixed(set(names[valued.loc[trial_id].to_numpy()]), order,
+                                    set(tasks.get(trial_id, ())))
+              for trial_id, order in deployables.items() if trial_id in valued.index}
     wanted = rows["trial_id"].map(chosen)
     return rows[wanted.isna() | (rows["deployable"] == wanted)]
+
+
+def _first_seen(rows: pd.DataFrame, column: str) -> dict[str, list]:
+    """Per trial, the values of ``column`` in the order its rows first show them."""
+    seen: dict[str, list] = {}
+    for trial_id, value in rows[["trial_id", column]].dropna().drop_duplicates().itertuples(
+            index=False):
+        seen.setdefault(trial_id, []).append(value)
+    return seen
 
 
 def client_accuracy(clients: pd.DataFrame, at: pd.Series | None = None) -> pd.DataFrame:

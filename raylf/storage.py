@@ -63,6 +63,14 @@ def filesystem(root: str | Path) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(root)
 
 
+def create_folder(fs: pafs.FileSystem, path: str) -> None:
+    """Create the folder ``path`` (and its parents) where folders exist. An object store has
+    none: there pyarrow writes an empty marker object for every level of the path, on every
+    call, which a sweep would pay per trial and table."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path, recursive=True)
+
+
 STAGING = ".staging"
 
 

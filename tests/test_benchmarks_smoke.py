@@ -71,3 +71,34 @@ def test_quick_run_writes_expected_table(tmp_path):
             assert 0 < r["peak_pss_gib"] <= r["peak_rss_all_gib"]
             assert r["participants"] == 10
     assert (tmp_path / "results.json").exists() and (tmp_path / "results.md").exists()
+
+
+def test_storage_writes_counts_each_write_and_each_publish_once(tmp_path):
+    """The scaling benchmark's write counter: a file written twice counts twice, a staged
+    file renamed into place (raylf.storage.publish) once, as the rename, in a folder made
+    after the count started too."""
+    import time
+
+    import pyarrow.fs as pafs
+
+    from benchmarks.storage_writes import StorageWrites
+    from raylf.storage import publish
+
+    writes = StorageWrites(tmp_path, lambda path: None if ".staging" in path else
+                           path.split("/")[0]).start()
+
+    def counted(total: int) -> None:  # the kernel's events arrive asynchronously
+        deadline = time.monotonic() + 30
+        while sum(writes.objects.values()) < total and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    try:
+        (tmp_path / "state.json").write_text("1")
+        counted(1)  # (the kernel merges an identical event still queued: a rewrite waits)
+        (tmp_path / "state.json").write_text("22")
+        publish(pafs.LocalFileSystem(), str(tmp_path / "tables" / "t" / "a.parquet"), b"abc")
+        counted(3)
+    finally:
+        writes.stop()
+    assert dict(writes.objects) == {"state.json": 2, "tables": 1}
+    assert writes.bytes["tables"] == 3 and writes.overflows == 0

@@ -223,12 +223,15 @@ def _sweep(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         print(estimate.summary(root, loaded, time.perf_counter() - started, cluster, where,
                                recipe))
         return EXIT_FAILED if failed else 0
-    board = leaderboard(root, trials, choices)
-    print(render(board))
     try:
+        # one file per table, for readers without options, and what the leaderboard, the
+        # report and later readers read instead of a file a trial (results.read_table)
+        compacted = results.compact(root)
+        board = leaderboard(root, trials, choices)
+        print(render(board))
         results.write_table(root, "leaderboard", "summary", results.to_table(
             board.to_dict("records"), results.provenance({"sweep": sweep.model_dump(mode="json")})))
-        compacted = results.compact(root)  # one file per table, for readers without options
+        compacted |= results.compact(root, ["leaderboard"])
     except OSError as err:
         return _stopped(StorageUnwritable(f"cannot write to {root}: {err}"), root)
     print(f"tables: {root}/tables/{{{','.join((*results.TABLES, 'leaderboard'))}}}/  "

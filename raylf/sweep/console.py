@@ -42,8 +42,11 @@ class SweepConsole(tune.Callback):
         self.root = stage.root
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()
-        self.known: dict[str, Trial] = {}  # Tune's trial id → the trial its config stands for
-        self.rounds: dict[str, int] = {}
+        # Tune's trial id → the trial its config stands for, while it runs (a finished trial's
+        # spec is dropped: a sweep of many thousands would hold them all)
+        self.known: dict[str, Trial] = {}
+        self.rounds: dict[str, int] = {}  # rounds done by trial
+        self.rounds_done = 0  # their sum, kept as they change (the ETA of every line)
         self.total_rounds = stage.rounds or 1
         self.done: set[str] = set()
         self.running: set[str] = set()
@@ -62,17 +65,22 @@ class SweepConsole(tune.Callback):
             self.known[tune_trial.trial_id] = self.stage.trial(tune_trial.config)
         return self.known[tune_trial.trial_id]
 
+    def _ended(self, tune_trial) -> Trial:
+        trial = self._trial(tune_trial)
+        del self.known[tune_trial.trial_id]
+        return trial
+
     # Tune callback hooks
     def on_trial_start(self, iteration, trials, trial, **info):
         self.running.add(self._trial(trial).trial_id)
         self._progress()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self.rounds[self._trial(trial).trial_id] = int(result.get("round", 0))
+        self._rounds(self._trial(trial).trial_id, int(result.get("round", 0)))
         self._progress()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._finished(self._trial(trial), None)
+        self._finished(self._ended(trial), None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         reason = last_line(storage.trial_error(trial)) or (
@@ -85,16 +93,21 @@ class SweepConsole(tune.Callback):
         except OSError as err:  # every further trial would fail the same way: stop here
             self.storage_error = StorageUnwritable(f"cannot write to {self.root}: {err}")
             raise self.storage_error from None
-        self._finished(self._trial(trial), last_line(storage.trial_error(trial)))
+        self._finished(self._ended(trial), last_line(storage.trial_error(trial)))
 
     def start(self, already_done: dict[str, int]) -> None:
         """``already_done``: trial id → rounds of the trials a resumed stage keeps."""
         self.done.update(already_done)
-        self.rounds.update(already_done)
+        for trial_id, rounds in already_done.items():
+            self._rounds(trial_id, rounds)
         if already_done:
             self._print(f"resuming: {len(already_done)} of {self.stage.planned} trials already "
                         "finished")
-        self.rounds_at_start = sum(self.rounds.values())
+        self.rounds_at_start = self.rounds_done
+
+    def _rounds(self, trial_id: str, rounds: int) -> None:
+        self.rounds_done += rounds - self.rounds.get(trial_id, 0)
+        self.rounds[trial_id] = rounds
 
     def finish(self) -> None:
         if self.tty:
@@ -106,7 +119,7 @@ class SweepConsole(tune.Callback):
         trial_id = trial.trial_id
         self.done.add(trial_id)
         self.running.discard(trial_id)
-        self.rounds[trial_id] = trial.spec.federation.rounds
+        self._rounds(trial_id, trial.spec.federation.rounds)
         row = results.read_trial(self.root, trial_id) or {}
         status = row.get("status") or "failed"
         if status == "ok" and self.stage.objective is not None:  # a search trial: validation
@@ -147,7 +160,7 @@ class SweepConsole(tune.Callback):
         return ", ".join(parts)
 
     def _eta(self) -> float | None:
-        done = sum(self.rounds.values())
+        done = self.rounds_done
         gained = done - (self.rounds_at_start or 0)
         if gained <= 0 or done >= self.total_rounds:
             return None

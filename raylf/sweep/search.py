@@ -30,6 +30,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from ray.tune.search.repeater import TRIAL_INDEX
 
 from raylf import results, seeding
+from raylf.storage import create_folder
 from raylf.sweep.spec import Distribution, SearchedMethod, Trial
 
 SELECTION = "selection"  # the table of chosen points, next to the search trials' tables
@@ -71,7 +72,7 @@ def _stop_path(experiment: str, tune_trial_id: str) -> tuple[pafs.FileSystem, st
 
 def mark_stop(experiment: str, tune_trial_id: str, rnd: int, value: float | None) -> None:
     fs, path = _stop_path(experiment, tune_trial_id)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    create_folder(fs, path.rsplit("/", 1)[0])
     with fs.open_output_stream(path) as f:
         f.write(json.dumps({"round": rnd, "value": value}).encode())
 
@@ -125,6 +126,13 @@ class SearchStage:
         seed = config["seed"] if "seed" in config else self.searched.seeds[config[TRIAL_INDEX]]
         point = {k: v for k, v in config.items() if k not in ("method", "seed", TRIAL_INDEX)}
         return self.searched.trial(point, seed)
+
+    def trial_id(self, config: dict[str, Any]) -> str:
+        return self.trial(config).trial_id
+
+    def experiments(self) -> list[SearchStage]:
+        """One Tune experiment, however many trials: its searcher and scheduler see them all."""
+        return [self]
 
     def owns(self, row: dict[str, Any]) -> bool:
         """Whether a row of the search tables is one of this stage's trials."""

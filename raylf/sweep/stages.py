@@ -10,7 +10,9 @@ run again, so a resumed sweep replicates the same points.
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +31,14 @@ from raylf.sweep.search import (
 )
 from raylf.sweep.spec import SearchedMethod, SweepSpec, Trial
 
+# The most trials one Tune experiment holds: a larger grid stage runs as several experiments,
+# one after the other (GridStage.experiments). Tune keeps every trial of an experiment in its
+# driver (about 70 KB each) and rewrites all their states, about 10 KB each, at every snapshot
+# of the experiment; bounded, so is each trial's share of that. Each boundary waits for the
+# last trials of a part before the next starts: with up to ~50 trials at once, a part of 2,000
+# loses at most a few percent of the slots' time there.
+TRIALS_PER_EXPERIMENT = 2000
+
 
 class GridStage:
     """Trials known before Tune starts: a grid sweep, or a two-stage sweep's replicates. Each
@@ -46,9 +56,32 @@ class GridStage:
         self.planned = len(trials)
         self.rounds = sum(t.spec.federation.rounds for t in trials)
 
+    def experiments(self) -> list[GridStage]:
+        """The Tune experiments the stage runs as: itself, or above ``TRIALS_PER_EXPERIMENT``
+        trials equal parts of them by trial id, ``<root>/part-<i>`` (fixed by the trials alone,
+        so a resumed sweep finds the same parts)."""
+        ids = sorted(self.specs)
+        count = math.ceil(len(ids) / TRIALS_PER_EXPERIMENT)
+        if count <= 1:
+            return [self]
+        size = math.ceil(len(ids) / count)
+        return [self._part(ids[i * size:(i + 1) * size], f"part-{i + 1:0{len(str(count))}d}")
+                for i in range(count)]
+
+    def _part(self, ids: list[str], name: str) -> GridStage:
+        part = copy.copy(self)
+        part.specs = {trial_id: self.specs[trial_id] for trial_id in ids}
+        part.planned = len(ids)
+        part.rounds = sum(spec["federation"]["rounds"] for spec, _ in part.specs.values())
+        part.storage_path, part.name, part.path = self.root, name, f"{self.root}/{name}"
+        return part
+
     def trial(self, config: dict[str, Any]) -> Trial:
         spec, point = self.specs[config["trial_id"]]
         return Trial(config["trial_id"], validate(spec), point)
+
+    def trial_id(self, config: dict[str, Any]) -> str:
+        return config["trial_id"]
 
     def owns(self, row: dict[str, Any]) -> bool:
         return row["trial_id"] in self.specs
@@ -101,7 +134,7 @@ def describe_search(sweep: SweepSpec, searches: list[SearchedMethod],
 
 def search_then_replicate(sweep: SweepSpec, searches: list[SearchedMethod],
                           grid_trials: list[Trial], storage: str,
-                          run: Callable[..., tune.ResultGrid]
+                          run: Callable[..., list]
                           ) -> tuple[list[Trial], dict[str, Choice], bool]:
     """Stage 1 (each search not yet chosen), then stage 2; ``run(stage)`` runs one stage's Tune
     experiment. Returns the replicate trials, the choice each stands for, and whether any trial

@@ -22,11 +22,36 @@ from ray import tune
 
 from raylf import checkpoints, results
 from raylf.metrics import evaluates
+from raylf.storage import create_folder
 from raylf.sweep.placement import trains_inline
 from raylf.sweep.search import objective_value, stop_mark
 from raylf.sweep.writable import StorageUnwritable
 
 RECORDED_ENDS = ("ok", "diverged", "timeout", "stopped")  # never run again once ended so
+
+
+@dataclass(frozen=True)
+class SharedStage:
+    """The stage a trial belongs to, fetched from Ray's object store once per trial process.
+    Tune runs trial after trial in one process (``reuse_actors``) and hands each its
+    parameters anew; a grid stage holds every trial's spec (megabytes for thousands of
+    trials), which each trial would otherwise fetch and unpickle again."""
+
+    ref: Any  # ray.ObjectRef of the stage
+
+    @classmethod
+    def of(cls, stage) -> SharedStage:
+        return cls(ray.put(stage))
+
+    def get(self):
+        key = self.ref.hex()
+        if key not in _fetched:
+            _fetched.clear()  # a process serves one sweep stage at a time
+            _fetched[key] = ray.get(self.ref)
+        return _fetched[key]
+
+
+_fetched: dict[str, Any] = {}  # the stage this trial process fetched, by its reference
 
 
 def _scalars(record: dict[str, Any]) -> dict[str, Any]:
@@ -75,9 +100,25 @@ def finished_row(root: str, trial_id: str) -> dict[str, Any] | None:
     return row
 
 
-def _metrics(values: dict[str, Any], objective: str | None) -> dict[str, Any]:
-    """What a trial reports to Tune: the record's numbers, and the objective when it has one."""
-    report = _scalars(values)
+def finished_rows(root: str) -> list[dict[str, Any]]:
+    """:func:`finished_row` of every trial under ``root``: one read of the trials table and one
+    listing a table, not a look-up a trial (a resumed sweep of thousands)."""
+    table = results.read_table(root, "trials")
+    if table is None:
+        return []
+    complete = set.intersection(*(results.written_trials(root, name) for name in results.TABLES))
+    return [row for row in table.to_pylist()
+            if row["status"] in RECORDED_ENDS and row["trial_id"] in complete]
+
+
+def _metrics(values: dict[str, Any], objective: str | None, shown: bool) -> dict[str, Any]:
+    """What a trial reports to Tune: its round and the objective when it has one, and every
+    number of the record when something shows them (``shown``: ``--log`` trackers, Tune's
+    progress table under ``--verbose``). Tune keeps running statistics of every number a trial
+    reports in the experiment state it rewrites as trials end, 15 KB a trial for a record's 21
+    numbers, and nothing else reads them: the tables hold every round. (Tune sets its own
+    ``trial_id`` in every result: the record's would be overwritten.)"""
+    report = _scalars(values) if shown else {"round": values["round"]}
     if objective is not None:
         value = objective_value(values, objective)
         if value is not None:
@@ -108,17 +149,19 @@ class ReportGate:
         return due
 
 
-def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoint_min_s: float,
-              report_min_s: float, report_evaluations: bool,
+def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: int,
+              checkpoint_min_s: float, report_min_s: float, shown: bool,
               keep_final_states: tuple[str, ...]) -> None:
     """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one;
     its checkpoints dropped once its tables record its end (the final personal states kept for
-    the methods in ``keep_final_states``); its rounds reported to Tune as ``ReportGate`` says.
+    the methods in ``keep_final_states``); its rounds reported to Tune as ``ReportGate`` says,
+    every number of each when something shows them (``shown``, ``_metrics``).
     A trial of one worker trains in this process (``raylf.sweep.placement.trains_inline``), others
     on actors in the trial's placement group."""
     from raylf.experiment import Progress, RecordedStop, run_experiment
     from raylf.run import enforce_time_budget
 
+    stage = stage.get()
     trial = stage.trial(config)
     spec, trial_id, root = trial.spec, trial.trial_id, stage.root
     keep = spec.method.name in keep_final_states
@@ -135,9 +178,9 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoin
         # Tune may not have persisted this trial's end before the driver died: its tables say
         # it finished, so report that and do not run it again (what that run had not dropped
         # yet is dropped above).
-        tune.report({"trial_id": trial_id, "round": finished["rounds"], **_metrics(
-            {k: v for k, v in finished.items() if k.startswith(("acc_", "val_"))},
-            stage.objective)})
+        tune.report(_metrics({"round": finished["rounds"], **{
+            k: v for k, v in finished.items() if k.startswith(("acc_", "val_"))}},
+            stage.objective, shown))
         return
     progress, snapshot = Progress(), None
     checkpoint = tune.get_checkpoint()
@@ -147,10 +190,10 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoin
             snapshot = torch.load(Path(folder) / "state.pt", weights_only=True)
     metrics = TrialMetrics(stage.sweep, trial_id, spec.method.name)
     tune_trial = tune.get_context().get_trial_id()
-    gate = ReportGate(report_min_s, report_evaluations)
+    gate = ReportGate(report_min_s, shown)
 
     def on_round(outcome, runtime, prog, snapshot):
-        report = {"trial_id": trial_id, **_metrics(outcome.record, stage.objective)}
+        report = _metrics(outcome.record, stage.objective, shown)
         metrics.record(outcome.record)
         final = prog.next_round > spec.federation.rounds
         due = gate.due(outcome.record, report, stage.objective, final=final,
@@ -177,12 +220,13 @@ def run_trial(config: dict[str, Any], *, stage, checkpoint_every: int, checkpoin
     inline = trains_inline(spec)
     placement = None if inline else (ray.util.get_current_placement_group(), 1)
     try:
-        run_experiment(spec, backend="inline" if inline else "ray", out=root, trial_id=trial_id,
-                       sweep=stage.sweep, placement=placement, on_round=on_round,
-                       checkpoint_every=checkpoint_every, checkpoint_min_s=checkpoint_min_s,
-                       checkpoint_last=keep, progress=progress, snapshot=snapshot, reraise=True,
-                       extra={"attempts": attempts, **stage.extra})
-        if finished_row(root, trial_id) is not None:  # its tables record an end for good
+        result = run_experiment(
+            spec, backend="inline" if inline else "ray", out=root, trial_id=trial_id,
+            sweep=stage.sweep, placement=placement, on_round=on_round,
+            checkpoint_every=checkpoint_every, checkpoint_min_s=checkpoint_min_s,
+            checkpoint_last=keep, progress=progress, snapshot=snapshot, reraise=True,
+            extra={"attempts": attempts, **stage.extra})
+        if result.status in RECORDED_ENDS:  # the tables it just wrote record an end for good
             checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
     except OSError as err:
         raise StorageUnwritable(f"cannot write to {root}: {err}") from None
@@ -194,7 +238,7 @@ def _mark_attempt(root: str, trial_id: str) -> int:
 
     fs, base = results.filesystem(root)
     folder = f"{base}/attempts/{trial_id}"
-    fs.create_dir(folder, recursive=True)
+    create_folder(fs, folder)
     with fs.open_output_stream(f"{folder}/{uuid.uuid4().hex}"):
         pass
     return len(fs.get_file_info(pafs.FileSelector(folder)))

@@ -1,0 +1,171 @@
+"""What keeps a sweep's cost per trial flat as it grows (benchmarks/sweep_scaling.py measures
+it): what Tune pickles per trial holds no other trial, a large grid runs as bounded Tune
+experiments, readers use the compacted tables once they match, and Tune's per-trial logs are
+written once."""
+
+from __future__ import annotations
+
+import collections
+import json
+import pickle
+import re
+
+import pyarrow.parquet as pq
+import pytest
+
+from raylf import results
+from raylf.sweep import cli as sweep_cli
+from raylf.sweep import stages, tuner
+from raylf.sweep.spec import load_sweep
+from tests.faults.helpers import attempts, complete_trials
+from tests.test_sweep import run_sweep, write_sweep
+
+ROUNDS = 2
+
+
+def _grid(tmp_path, seeds: int):
+    spec = write_sweep(tmp_path, seeds=list(range(seeds)), overrides={"federation.rounds": ROUNDS},
+                       resources={"workers": 1, "cpus_per_worker": 0.5})
+    return spec, load_sweep(spec)[1]
+
+
+def test_what_tune_pickles_per_trial_holds_no_other_trial(tmp_path, monkeypatch):
+    """Tune keeps the name, folder and resource callables in every trial's state and in its
+    registry: they pickle as a reference to the running stage, the same size for 2 trials as
+    for 40, and unpickle as the running stage's (None where no stage runs)."""
+    sizes = []
+    for seeds in (2, 40):
+        _, trials = _grid(tmp_path, seeds)
+        stage = stages.GridStage(trials, "t", str(tmp_path / "out"))
+        monkeypatch.setattr(tuner, "_running", [stage])
+        names, resources = tuner.TrialNames(stage), tuner.TrialResources(stage)
+        sizes.append((len(pickle.dumps(names)), len(pickle.dumps(resources))))
+        config = stage.tune_configs()[1]
+        assert pickle.loads(pickle.dumps(names)).stage is stage
+        assert pickle.loads(pickle.dumps(resources))(config).bundles == [{"CPU": 0.75}]
+    assert sizes[0] == sizes[1]
+    monkeypatch.setattr(tuner, "_running", [])
+    assert pickle.loads(pickle.dumps(names)) is None
+
+
+def test_a_grid_above_the_bound_runs_as_equal_parts_by_trial_id(tmp_path, monkeypatch):
+    _, trials = _grid(tmp_path, 5)
+    stage = stages.GridStage(trials, "t", str(tmp_path / "out"))
+    assert stage.experiments() == [stage]
+    monkeypatch.setattr(stages, "TRIALS_PER_EXPERIMENT", 2)
+    parts = stage.experiments()
+    root = f"{tmp_path / 'out'}/t"
+    assert [(p.name, p.path, p.storage_path, p.planned) for p in parts] == [
+        (f"part-{i}", f"{root}/part-{i}", root, n) for i, n in ((1, 2), (2, 2), (3, 1))]
+    ids = [c["trial_id"] for p in parts for c in p.tune_configs()]
+    assert ids == sorted(t.trial_id for t in trials)
+    # the same parts again: a resume finds them
+    assert [p.specs for p in stage.experiments()] == [p.specs for p in parts]
+
+
+def test_a_grid_in_parts_runs_and_resumes_each_trial_once(ray_cluster, tmp_path, monkeypatch,
+                                                          capsys):
+    """Three trials in Tune experiments of at most two: every trial once, its Tune folder and
+    logs in its part's folder; run again, nothing runs twice."""
+    monkeypatch.setattr(stages, "TRIALS_PER_EXPERIMENT", 2)
+    for name in ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "TUNE_DISABLE_STRICT_METRIC_CHECKING",
+                 "RAY_AIR_NEW_OUTPUT"):  # what the sweep sets for Tune: unset again after
+        monkeypatch.delenv(name, raising=False)
+    spec, trials = _grid(tmp_path, 3)
+    storage = tmp_path / "out"
+    root = storage / "t"
+    for _ in range(2):
+        assert sweep_cli.main([str(spec), "--storage", str(storage)]) == 0
+        out = capsys.readouterr().out
+        tables = results.load(root)
+        ids = sorted(tables["trials"]["trial_id"])
+        assert ids == sorted(t.trial_id for t in trials) and set(tables["trials"]["status"]) == {
+            "ok"}
+        assert sorted(tables["rounds"]["round"]) == sorted(list(range(1, ROUNDS + 1)) * 3)
+        assert complete_trials(root) == set(ids)
+        assert {t: attempts(root, t) for t in ids} == dict.fromkeys(ids, 1)
+    assert "resuming: 3 of 3 trials already finished" in out
+    folders = {p.parent.name: p.name for p in root.glob("part-*/*/result.json")}
+    assert sorted(folders) == ids and set(folders.values()) == {"result.json"}
+    assert sorted({p.parent.parent.name for p in root.glob("part-*/*/result.json")}) == [
+        "part-1", "part-2"]
+    for trial_id in ids:
+        (folder,) = root.glob(f"part-*/{trial_id}")
+        assert json.loads((folder / "params.json").read_text())["trial_id"] == trial_id
+        assert [json.loads(line)["round"] for line in
+                (folder / "result.json").read_text().splitlines()][-1] == ROUNDS
+
+
+def test_readers_use_the_compacted_table_while_it_matches_the_trials_files(tmp_path):
+    fs, base = results.filesystem(tmp_path)
+    for trial_id in ("a", "b"):
+        results.write_table(tmp_path, "trials", trial_id, results.to_table(
+            [{"trial_id": trial_id, "status": "ok"}], {}))
+    written = results.compact(tmp_path)["trials"]
+    assert pq.read_schema(written).metadata[results.FINGERPRINT.encode()]
+    # the compacted file is what is read: a row only it holds shows
+    marked = pq.read_table(written)
+    pq.write_table(marked.set_column(1, "status", [["compacted", "compacted"]]), written)
+    assert set(results.read_table(tmp_path, "trials")["status"].to_pylist()) == {"compacted"}
+    # a trial's file written since: the per-trial files again, this trial included
+    results.write_table(tmp_path, "trials", "c", results.to_table(
+        [{"trial_id": "c", "status": "ok"}], {}))
+    table = results.read_table(tmp_path, "trials")
+    assert table["trial_id"].to_pylist() == ["a", "b", "c"]
+    assert set(table["status"].to_pylist()) == {"ok"}
+    assert table.column("status").num_chunks == 1
+
+
+@pytest.mark.parametrize("batch", [1, 2, 500])
+def test_per_trial_files_joined_in_batches_equal_one_join(tmp_path, monkeypatch, batch):
+    """A column that is all null in one trial's file (written as float) and text in another's
+    joins as text whatever batch the two fall in."""
+    rows = [{"trial_id": "a", "weights": None}, {"trial_id": "b", "weights": "w.pt"},
+            {"trial_id": "c", "weights": None}]
+    for row in rows:
+        results.write_table(tmp_path, "trials", row["trial_id"], results.to_table([row], {}))
+    monkeypatch.setattr(results, "BATCH", batch)
+    table = results.read_table(tmp_path, "trials")
+    assert table.to_pylist() == rows and str(table.schema.field("weights").type) == "string"
+
+
+def _uploads(log: str, bucket: str) -> collections.Counter:
+    """Objects whose upload completed, by key, from moto's request log: a single PUT, or the
+    POST that completes a multipart upload."""
+    done: collections.Counter = collections.Counter()
+    for verb, key, query in re.findall(rf'"(PUT|POST) /{bucket}/(\S*?)(?:\?(\S*))? HTTP', log):
+        if (verb == "PUT" and "partNumber" not in query) or (
+                verb == "POST" and "uploadId=" in query):
+            done[key] += 1
+    return done
+
+
+@pytest.mark.slow
+def test_on_s3_a_trial_writes_each_of_its_objects_once_and_no_folder_markers(s3, tmp_path):
+    """Per trial on S3: its three tables, an attempt marker, Tune's params.json and result.json,
+    each uploaded once; no folder marker objects for tables or attempts (pyarrow writes one
+    per level of every folder it is asked to create). (Tune's snapshots upload the staging
+    folder of each trial that is running, a marker each; the trial's end removes it.)"""
+    from tests.s3 import BUCKET
+
+    spec, trials = _grid(tmp_path, 3)
+    storage = s3.uri(tmp_path.name)
+    lines_before = len(s3.log.read_text().splitlines())
+    proc = run_sweep(spec, storage, **s3.env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = "\n".join(s3.log.read_text().splitlines()[lines_before:])
+    uploads = _uploads(log, BUCKET)
+    root = f"{tmp_path.name}/t"
+    for trial in trials:
+        own = {key.removeprefix(f"{root}/"): count for key, count in uploads.items()
+               if trial.trial_id in key}
+        attempt = [key for key in own if key.startswith("attempts/")]
+        assert len(attempt) == 1, own
+        assert {key: count for key, count in own.items() if key not in attempt} | {
+            "attempt": own[attempt[0]]} == {
+            f"tables/{name}/{trial.trial_id}.parquet": 1 for name in results.TABLES} | {
+            f"{trial.trial_id}/params.json": 1, f"{trial.trial_id}/result.json": 1,
+            "attempt": 1} | ({f"{trial.trial_id}/": own[f"{trial.trial_id}/"]}
+                             if f"{trial.trial_id}/" in own else {})
+    markers = [key for key in uploads if key.endswith("/")]
+    assert not [key for key in markers if "/tables/" in key or "/attempts/" in key], markers
