@@ -41,7 +41,7 @@ suppress_warnings: list[str] = []
 # (section, [page, ...]): the sidebar, in order; pages are file names under docs/ without ".md"
 NAV: list[tuple[str, list[str]]] = [
     ("Using raylf", ["experiments", "sweeps", "results", "reports", "claims", "datasets"]),
-    ("Methods", ["methods", "method-contract"]),
+    ("Methods", ["methods", "leaderboard", "method-contract"]),
     ("How it works", ["architecture", "runtime", "storage", "performance", "security"]),
     ("Project", ["changelog"]),
 ]

@@ -166,3 +166,30 @@ def test_no_table_cell_is_a_wall_of_text(page):
     assert long == [], f"table cells over 600 characters (line, length): {long}"
 
 
+
+
+def test_leaderboard_lists_every_method_of_its_sweep_on_each_split():
+    """docs/leaderboard.md is a measurement of tune/pfl_methods.yaml: a method entry added to
+    the sweep without a new run (or a split left out) shows here."""
+    import yaml
+
+    entries = yaml.safe_load((ROOT / "tune" / "pfl_methods.yaml").read_text())["methods"]
+    page = (DOCS / "leaderboard.md").read_text()
+    sections = page.split("\n## ")[1:]
+    splits = [s for s in sections if s.startswith("digits")]
+    assert len(splits) == 2
+    for section in splits:
+        rows = [line for line in section.splitlines() if line.startswith("| ")][1:]
+        assert len(rows) == len(entries), section.splitlines()[0]
+        methods = {row.split(" | ")[0].removeprefix("| ").split("(")[0].strip() for row in rows}
+        assert methods == {entry["name"] for entry in entries}
+
+
+def test_leaderboard_verdicts_follow_the_test_and_the_sign():
+    from raylf.stats import Paired
+
+    leaderboard = load_docs_module("leaderboard")
+    assert leaderboard.verdict(Paired(0.02, 0.01, 0.03, 0.001, 60)) == "beats"
+    assert leaderboard.verdict(Paired(-0.02, -0.03, -0.01, 0.001, 60)) == "behind"
+    assert leaderboard.verdict(Paired(0.02, -0.01, 0.05, 0.2, 60)) == "ties"
+    assert leaderboard.verdict(None) == "-"

@@ -15,7 +15,13 @@ from __future__ import annotations
 import pandas as pd
 
 from raylf import guards, metrics, results, stats
-from raylf.labels import methods_with, point_label, setting_labels
+from raylf.labels import (
+    METHOD_FIELDS,
+    SETTING_FIELDS,
+    methods_with,
+    point_label,
+    setting_labels,
+)
 from raylf.results import STATUSES
 
 METRICS = ("acc_mean", "acc_worst", "acc_bottom20", "acc_gap")
@@ -38,7 +44,8 @@ def leaderboard(root: str, trials, choices: dict | None = None) -> pd.DataFrame:
     table = table[table["trial_id"].isin(wanted)].copy()
     if table.empty:
         return pd.DataFrame()
-    table["point"] = [_point(wanted[t].point) for t in table["trial_id"]]
+    table["point"] = [_point({**own, **wanted[t].point})
+                      for t, own in zip(table["trial_id"], _own_parameters(table))]
     table["setting"] = guards.mark_standin(table, setting_labels(table))
     table["entry"] = [entry_label(m, p) for m, p in zip(table["method"], table["point"])]
     chosen = [(choices or {}).get(t) for t in table["trial_id"]]
@@ -111,8 +118,26 @@ def _ranking_columns(board: pd.DataFrame) -> list[str]:
     return [f"{c}_mean" for c in metrics.of_reported_model(present)]
 
 
+def _own_parameters(table: pd.DataFrame) -> list[dict]:
+    """Per trial, the method parameters that differ between the trials of its method outside
+    any grid (a method the sweep lists twice, e.g. Per-FedAvg's two variants): they name its
+    row as a grid point does, so two entries never share one row."""
+    columns = [c for c in table if c.startswith(METHOD_FIELDS)]
+    own: dict[int, dict] = {i: {} for i in table.index}
+    for _, group in table.groupby("method", sort=False):
+        varied = [c for c in columns if group[c].notna().any()
+                  and group[c].map(str).nunique() > 1]
+        for i, row in group[varied].iterrows():
+            own[i] = {c: v for c, v in row.items() if pd.notna(v)}
+    return [own[i] for i in table.index]
+
+
 def _point(point: dict) -> str:
-    return point_label(point) or "-"
+    """The grid point without a whole section of the setting (``scenario: {name: dirichlet,
+    alpha: 0.1}``, a grid over splits): the setting's label names it, and the row sits under
+    that setting."""
+    return point_label({k: v for k, v in point.items()
+                        if not (isinstance(v, dict) and f"{k}." in SETTING_FIELDS)}) or "-"
 
 
 def entry_label(method: str, point: str) -> str:
