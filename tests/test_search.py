@@ -224,7 +224,7 @@ def test_search_with_asha_survives_a_driver_kill_in_each_stage(tmp_path):
         resources={"workers": 1, "cpus_per_worker": 0.5}))
     storage = tmp_path / "out"
     root, search_root = storage / "s", storage / "s" / "search"
-    log = ("--log", "tensorboard")
+    log = ("--log", "tensorboard", "--log", "json")
 
     # 1. stage 1: a search trial has finished, the others have not
     driver = start_sweep(spec, storage, *log)

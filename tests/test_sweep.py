@@ -61,7 +61,7 @@ def test_grid_of_gpu_share_trials_completes_with_exact_rows(tmp_path):
                                               "federation.local_epochs": [1, 2]}}],
         resources={"workers": 2, "cpus_per_worker": 0.25, "gpus_per_worker": 0.25,
                    "coordinator_cpus": 0.25})
-    proc = run_sweep(spec, tmp_path / "out", "--dashboard")
+    proc = run_sweep(spec, tmp_path / "out", "--dashboard", "--log", "json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     tables = results.load(tmp_path / "out" / "t")
     assert len(tables["trials"]) == 4 and set(tables["trials"]["status"]) == {"ok"}
@@ -74,7 +74,8 @@ def test_grid_of_gpu_share_trials_completes_with_exact_rows(tmp_path):
     assert len(tables["rounds"]) == 4 * 4  # every round in the tables
     assert len(tables["clients"]) == 4 * 2 * 6  # evaluated in rounds 2 and 4
     for trial_id in tables["trials"]["trial_id"]:  # Tune got the first round and the end:
-        # report_min_s holds back the rest, evaluation round 2 too, which nothing shows (no --log)
+        # report_min_s holds back the rest, evaluation round 2 too, which nothing shows (Tune's
+        # JSON record, --log json, shows no round)
         lines = (tmp_path / "out" / "t" / trial_id / "result.json").read_text().splitlines()
         assert [json.loads(line)["round"] for line in lines] == [1, 4]
     assert (tables["trials"]["resources.gpus_per_worker"] == 0.25).all()
@@ -99,7 +100,7 @@ def test_trials_that_ended_for_good_leave_no_checkpoint_but_the_final_states_kep
                  {"name": "faulty_once",
                   "params": {"fail_round": rounds, "marker": str(tmp_path / "failures")}}],
         resources={"workers": 1, "cpus_per_worker": 0.5})
-    proc = run_sweep(spec, tmp_path / "out", RAYLF_PLUGINS="tests.plugins.faulty")
+    proc = run_sweep(spec, tmp_path / "out", "--log", "json", RAYLF_PLUGINS="tests.plugins.faulty")
     assert proc.returncode == 1, proc.stderr[-3000:]  # the faulty trial failed for good
     root = tmp_path / "out" / "t"
     trials = results.load(root)["trials"].set_index("method")

@@ -66,7 +66,7 @@ def test_a_grid_above_the_bound_runs_as_equal_parts_by_trial_id(tmp_path, monkey
 def test_a_grid_in_parts_runs_and_resumes_each_trial_once(ray_cluster, tmp_path, monkeypatch,
                                                           capsys):
     """Three trials in Tune experiments of at most two: every trial once, its Tune folder and
-    logs in its part's folder; run again, nothing runs twice."""
+    its JSON record (``--log json``) in its part's folder; run again, nothing runs twice."""
     monkeypatch.setattr(stages, "TRIALS_PER_EXPERIMENT", 2)
     for name in ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "TUNE_DISABLE_STRICT_METRIC_CHECKING",
                  "RAY_AIR_NEW_OUTPUT"):  # what the sweep sets for Tune: unset again after
@@ -75,7 +75,7 @@ def test_a_grid_in_parts_runs_and_resumes_each_trial_once(ray_cluster, tmp_path,
     storage = tmp_path / "out"
     root = storage / "t"
     for _ in range(2):
-        assert sweep_cli.main([str(spec), "--storage", str(storage)]) == 0
+        assert sweep_cli.main([str(spec), "--storage", str(storage), "--log", "json"]) == 0
         out = capsys.readouterr().out
         tables = results.load(root)
         ids = sorted(tables["trials"]["trial_id"])
@@ -142,10 +142,10 @@ def _uploads(log: str, bucket: str) -> collections.Counter:
 
 @pytest.mark.slow
 def test_on_s3_a_trial_writes_each_of_its_objects_once_and_no_folder_markers(s3, tmp_path):
-    """Per trial on S3: its three tables, an attempt marker, Tune's params.json and result.json,
-    each uploaded once; no folder marker objects for tables or attempts (pyarrow writes one
-    per level of every folder it is asked to create). (Tune's snapshots upload the staging
-    folder of each trial that is running, a marker each; the trial's end removes it.)"""
+    """Per trial on S3: its three tables and an attempt marker, each uploaded once (Tune's JSON
+    record only under ``--log json``); no folder marker objects for tables or attempts (pyarrow
+    writes one per level of every folder it is asked to create). (Tune's snapshots upload the
+    staging folder of each trial that is running, a marker each; the trial's end removes it.)"""
     from tests.s3 import BUCKET
 
     spec, trials = _grid(tmp_path, 3)
@@ -164,7 +164,6 @@ def test_on_s3_a_trial_writes_each_of_its_objects_once_and_no_folder_markers(s3,
         assert {key: count for key, count in own.items() if key not in attempt} | {
             "attempt": own[attempt[0]]} == {
             f"tables/{name}/{trial.trial_id}.parquet": 1 for name in results.TABLES} | {
-            f"{trial.trial_id}/params.json": 1, f"{trial.trial_id}/result.json": 1,
             "attempt": 1} | ({f"{trial.trial_id}/": own[f"{trial.trial_id}/"]}
                              if f"{trial.trial_id}/" in own else {})
     markers = [key for key in uploads if key.endswith("/")]

@@ -95,7 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "one-line-per-trial console")
     parser.add_argument("--log", action="append", default=[], choices=sorted(TRACKERS),
                         help="also log every trial to TensorBoard, MLflow or W&B through "
-                             "Tune's callbacks (offline, under the sweep directory; repeatable)")
+                             "Tune's callbacks (offline, under the sweep directory), or keep "
+                             "Tune's JSON record of each trial (json); repeatable")
     parser.add_argument("--dashboard", action="store_true",
                         help="start the local Ray with its dashboard on 127.0.0.1 and print "
                              "its URL")

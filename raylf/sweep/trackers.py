@@ -1,5 +1,6 @@
 """``--log``: Tune's own logger callbacks for TensorBoard, MLflow and W&B, each writing offline
-under the sweep directory, next to the tables."""
+under the sweep directory, next to the tables; and Tune's JSON record of each trial
+(``raylf.sweep.trial_logs.TrialLogs``)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,24 @@ from pathlib import Path
 from ray import tune
 
 from raylf.errors import SpecError
+from raylf.sweep.trial_logs import TrialLogs
 
 TRACKERS = {  # --log NAME: (module Tune's callback needs, extra that installs it)
-    "tensorboard": ("tensorboardX", "ray[tune]"), "mlflow": ("mlflow", "raylf[mlflow]"),
-    "wandb": ("wandb", "raylf[wandb]")}
+    "json": (None, None), "tensorboard": ("tensorboardX", "ray[tune]"),
+    "mlflow": ("mlflow", "raylf[mlflow]"), "wandb": ("wandb", "raylf[wandb]")}
 
 
 def tracker_callbacks(names: list[str], root: str, sweep: str) -> list[tune.Callback]:
     """Tune's own logger callbacks for ``--log`` (trackers write offline, next to the tables)."""
-    missing = [(n, TRACKERS[n]) for n in names if importlib.util.find_spec(TRACKERS[n][0]) is None]
+    missing = [(n, TRACKERS[n]) for n in names
+               if TRACKERS[n][0] and importlib.util.find_spec(TRACKERS[n][0]) is None]
     if missing:
         raise SpecError([("--log", f"{name} needs the {module} package; pip install "
                                    f"'{extra}' (or leave out --log {name})")
                          for name, (module, extra) in missing])
     callbacks: list[tune.Callback] = []
+    if "json" in names:
+        callbacks.append(TrialLogs())
     if "tensorboard" in names:
         from ray.tune.logger import TBXLoggerCallback
 

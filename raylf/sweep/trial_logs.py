@@ -1,7 +1,12 @@
-"""Tune's record of each trial: ``params.json`` (its config) and ``result.json`` (one JSON line
-per report to Tune, as Tune's JSON logger writes them) in the trial's Tune folder, each written
-to the sweep's storage once an attempt ends; and Tune's staging folder of the trial in the
-driver removed once it ended, if empty.
+"""Tune's staging folder of each trial in the driver removed once the trial ended, if empty
+(``EndedTrials``, always); and under ``--log json`` Tune's record of each trial,
+``params.json`` (its config) and ``result.json`` (one JSON line per report to Tune, as Tune's
+JSON logger writes them) in the trial's Tune folder, each written to the sweep's storage once
+an attempt ends (``TrialLogs``).
+
+The record is off by default: the trials and rounds tables hold the config and every round,
+and the two files would be two more objects per trial in the storage (six where the tables and
+the attempt marker are four).
 
 Tune's own logger callbacks write these files into the driver's staging folder, and Tune copies
 that whole folder to the storage at every experiment snapshot: every trial's files again at
@@ -25,7 +30,17 @@ PARAMS, RESULTS = "params.json", "result.json"
 logger = logging.getLogger(__name__)
 
 
-class TrialLogs(tune.Callback):
+class EndedTrials(tune.Callback):
+    """Drops the staging folder of each trial that ended (``_drop_staging_folder``)."""
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        _drop_staging_folder(trial)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        _drop_staging_folder(trial)
+
+
+class TrialLogs(EndedTrials):
     """Keeps each running trial's reports; when an attempt ends (finished, failed, retried)
     writes its config and every report so far to the trial's Tune folder in the storage
     (through Tune's own view of that storage, so local and object storage alike)."""
@@ -40,11 +55,11 @@ class TrialLogs(tune.Callback):
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self._write(trial, final=True)
-        _drop_staging_folder(trial)
+        super().on_trial_complete(iteration, trials, trial, **info)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._write(trial, final=True)
-        _drop_staging_folder(trial)
+        super().on_trial_error(iteration, trials, trial, **info)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         self._write(trial, final=False)

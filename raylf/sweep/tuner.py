@@ -17,7 +17,7 @@ from raylf.sweep.console import SweepConsole, make_active
 from raylf.sweep.placement import trial_bundles
 from raylf.sweep.spec import SweepSpec
 from raylf.sweep.trial import SharedStage, finished_rows, run_trial
-from raylf.sweep.trial_logs import TrialLogs
+from raylf.sweep.trial_logs import EndedTrials, TrialLogs
 
 
 class Interrupted(RuntimeError):
@@ -84,7 +84,8 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
               trackers: list[tune.Callback] = ()) -> list[Ended]:
     """Run (or resume) a stage of the sweep: its Tune experiments one after the other
     (``stage.experiments()``: one, or parts of a large grid). Each trial's config and reports
-    are kept (``TrialLogs``); TensorBoard and the trackers only with ``--log``."""
+    are in the tables; Tune's JSON record of each, TensorBoard and the trackers only with
+    ``--log``."""
     console = SweepConsole(stage)
     _running[:] = [stage]
     os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
@@ -95,12 +96,13 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
     console.start(already_finished(stage))
     # the console first: on a failed trial it probes the storage and stops the sweep if that
     # is down, before anything else writes there
-    callbacks = [*([] if verbose else [console]), TrialLogs(), *trackers]
+    callbacks = [*([] if verbose else [console]), EndedTrials(), *trackers]
     ended: list[Ended] = []
     try:
         for experiment in stage.experiments():
             ended += _fit(experiment, sweep=sweep, max_concurrent=max_concurrent,
-                          shown=bool(trackers) or verbose, callbacks=callbacks,
+                          shown=verbose or any(not isinstance(t, TrialLogs) for t in trackers),
+                          callbacks=callbacks,
                           verbose=verbose)
     except tune.TuneError:  # how Tune passes on the console's StorageUnwritable
         if console.storage_error is None:
