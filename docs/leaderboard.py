@@ -20,40 +20,69 @@ import argparse
 import datetime
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from raylf.stats import Paired  # noqa: E402
 
 PAGE = Path(__file__).parent / "leaderboard.md"
 REFERENCES = ("local", "fedavg")  # what every PFL method is read against
 
 
-def verdict(result) -> str:
-    """*beats* / *behind* where the two-sided paired test rejects at ``raylf.stats.ALPHA``
-    (the sign of the mean difference says which), else *ties*; '-' against itself."""
+@dataclass(frozen=True)
+class Versus:
+    """A method against a reference over the (seed, client) pairs: the mean difference and its
+    interval (``raylf.stats.paired``) and Wilcoxon's one-sided p each way
+    (``raylf.stats.one_sided``), which decide as the claims do (docs/claims.md)."""
+
+    paired: Paired
+    greater: float
+    less: float
+
+
+def versus(a: pd.Series, b: pd.Series) -> Versus | None:
+    from raylf.stats import differences, one_sided, paired
+
+    result = paired(a, b)
+    if result is None:
+        return None
+    d = differences(a, b)
+    return Versus(result, one_sided(d, 0.0, "greater").p, one_sided(d, 0.0, "less").p)
+
+
+def verdict(result: Versus | None) -> str:
+    """*beats* / *behind* where the one-sided test that way, read two-sided (twice its p), is
+    below ``raylf.stats.ALPHA``, else *ties*; '-' against itself. The test's direction, not the
+    mean's sign, decides: a few clients far behind can pull the mean below zero while most
+    clients gain (then the Δ column shows the mean's sign and the verdict the ranks')."""
     from raylf.stats import ALPHA
 
     if result is None:
         return "-"
-    if result.p < ALPHA:
-        return "beats" if result.delta > 0 else "behind"
+    if 2 * result.greater < ALPHA:
+        return "beats"
+    if 2 * result.less < ALPHA:
+        return "behind"
     return "ties"
 
 
-def cell(result) -> str:
+def cell(result: Versus | None) -> str:
     if result is None:
         return "-"
-    interval = "" if math.isnan(result.low) else \
-        f" [{100 * result.low:+.1f}, {100 * result.high:+.1f}]"
-    return f"{verdict(result)} {100 * result.delta:+.1f}{interval}, p {result.p:.2g}"
+    delta = result.paired
+    interval = "" if math.isnan(delta.low) else \
+        f" [{100 * delta.low:+.1f}, {100 * delta.high:+.1f}]"
+    p = min(1.0, 2 * min(result.greater, result.less))
+    return f"{verdict(result)} {100 * delta.delta:+.1f}{interval}, p {p:.2g}"
 
 
 def rows(sweep) -> pd.DataFrame:
     """One row per (setting, configuration): mean ± sample std over seeds, the paired result
     against each reference (None where it is the reference or the reference did not run), and
     the guard's flags."""
-    from raylf.stats import paired
-
     values = sweep.paired_values("score")
     flags = sweep.flags()
     found = []
@@ -72,7 +101,7 @@ def rows(sweep) -> pd.DataFrame:
                    "flags": flags.get((setting, config), "")}
             for name, other in reference.items():
                 row[name] = None if other in (None, config) or config not in series \
-                    else paired(series[config], series[other])
+                    else versus(series[config], series[other])
             found.append(row)
     return pd.DataFrame(found)
 
@@ -100,12 +129,14 @@ def render(sweep, command: str, machine: str, when: str, commit: str) -> str:
         "",
         "Final-round mean client test accuracy (%), mean ± sample std over seeds. *vs local* and "
         "*vs fedavg*: the method minus the reference in points, paired by seed and client (the "
-        "same partition), with a 95 % percentile bootstrap interval and Wilcoxon's two-sided "
-        "signed-rank p; *beats* / *behind* at p < 0.05 by the sign of the difference, else "
-        "*ties*. Uncorrected for the many comparisons, and pairs that share a seed share the "
-        "federation, so the p values are optimistic: read a lone *beats* near 0.05 as a "
-        "hint. *Flags*: the degenerate-result guard (a method whose every client's accuracy "
-        "equals another's, or a collapsed diagnostic); empty is none.",
+        "same partition), with a 95 % percentile bootstrap interval, and Wilcoxon's signed-rank "
+        "test each way read two-sided (p: twice the smaller one-sided p); *beats* / *behind* "
+        "where it is below 0.05, by the test's direction, else *ties* (the rule of the claims, "
+        "docs/claims.md; the direction is the ranks', so a mean below zero can beat when most "
+        "clients gain and a few lose much). Uncorrected for the many comparisons, and pairs that "
+        "share a seed share the federation, so the p values are optimistic: read a lone *beats* "
+        "near 0.05 as a hint. *Flags*: the degenerate-result guard (a method whose every client's"
+        " accuracy equals another's, or a collapsed diagnostic); empty is none.",
     ]
     if stand_in:
         lines += ["", f"**STAND-IN DATA** in {stand_in}: these figures are not results."]
@@ -131,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", required=True)
     parser.add_argument("--date", default=datetime.date.today().isoformat())
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from raylf.report.data import load
 
     PAGE.write_text(render(load(args.sweep_dir), args.command, args.machine, args.date,

@@ -21,6 +21,7 @@ def load_docs_module(name: str):
     """A module of docs/ (a folder of pages, not a package) loaded from its file."""
     spec = importlib.util.spec_from_file_location(f"docs_{name}", DOCS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # what a dataclass in it looks itself up in
     spec.loader.exec_module(module)
     return module
 
@@ -186,10 +187,18 @@ def test_leaderboard_lists_every_method_of_its_sweep_on_each_split():
 
 
 def test_leaderboard_verdicts_follow_the_test_and_the_sign():
-    from raylf.stats import Paired
+    import pandas as pd
 
     leaderboard = load_docs_module("leaderboard")
-    assert leaderboard.verdict(Paired(0.02, 0.01, 0.03, 0.001, 60)) == "beats"
-    assert leaderboard.verdict(Paired(-0.02, -0.03, -0.01, 0.001, 60)) == "behind"
-    assert leaderboard.verdict(Paired(0.02, -0.01, 0.05, 0.2, 60)) == "ties"
+    keys = pd.MultiIndex.from_product([[0, 1], range(10)], names=["seed", "client_id"])
+    base = pd.Series(0.5, index=keys)
+    gains = pd.Series([0.01 * (i + 1) for i in range(20)], index=keys)
+    assert leaderboard.verdict(leaderboard.versus(base + gains, base)) == "beats"
+    assert leaderboard.verdict(leaderboard.versus(base - gains, base)) == "behind"
+    mixed = gains * [1 if i % 2 else -1 for i in range(20)]
+    assert leaderboard.verdict(leaderboard.versus(base + mixed, base)) == "ties"
+    # most clients gain a little, two lose much: the mean falls, the ranks say beats
+    skewed = pd.Series([0.01] * 18 + [-0.2, -0.2], index=keys)
+    result = leaderboard.versus(base + skewed, base)
+    assert result.paired.delta < 0 and leaderboard.verdict(result) == "beats"
     assert leaderboard.verdict(None) == "-"
