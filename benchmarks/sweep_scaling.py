@@ -137,12 +137,16 @@ def compute_bound(spec_path: Path, cores: int, sample: int) -> dict:
     return {"sampled": len(times), "trial_s": mean, "bound_s": mean * len(trials) / cores}
 
 
-def start_driver(spec_path: Path, storage: Path, cores: int, rss_file: Path) -> subprocess.Popen:
+def start_driver(spec_path: Path, storage: Path, cores: int, rss_file: Path,
+                 stderr) -> subprocess.Popen:
+    """The sweep's driver, its console on a pipe this process reads line by line and its
+    stderr in a file (a pipe nobody reads while the console is read fills up and stops the
+    driver at its next warning)."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         [sys.executable, "-c", DRIVER, str(rss_file), str(spec_path), "--storage", str(storage),
          "--num-cpus", str(cores)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stderr=stderr, text=True, start_new_session=True)
 
 
 def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
@@ -151,7 +155,8 @@ def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
     writes = StorageWrites(storage, kind).start()
     before = uptime()
     start = time.perf_counter()
-    driver = start_driver(spec_path, storage, cores, rss_file)
+    err_file = (storage.parent / f"stderr-{trials}.txt").open("w+")
+    driver = start_driver(spec_path, storage, cores, rss_file, err_file)
     stamps: dict[str, float] = {}
     last = f"[{trials}/{trials}]"
     done = [0]  # trial lines so far
@@ -181,8 +186,10 @@ def sweep(spec_path: Path, storage: Path, cores: int, trials: int) -> dict:
             stamps["leaderboard"] = now
         elif line.startswith("report:"):
             stamps["report"] = now
-    err = driver.stderr.read()
     driver.wait()
+    err_file.seek(0)
+    err = err_file.read()
+    err_file.close()
     wall = time.perf_counter() - start
     sampling.set()
     sampler.join()
@@ -258,7 +265,8 @@ def resume_check(args) -> dict:
         root = storage / NAME
         writes = StorageWrites(storage, kind).start()
         before = uptime()
-        driver = start_driver(spec_path, storage, args.cores, Path(tmp) / "rss.json")
+        driver = start_driver(spec_path, storage, args.cores, Path(tmp) / "rss.json",
+                              subprocess.DEVNULL)
         half = f"[{trials // 2:>{len(str(trials))}}/{trials}]"
         for line in driver.stdout:
             if line.startswith(half):
@@ -269,7 +277,8 @@ def resume_check(args) -> dict:
         killed_at = uptime()
         attempts_before = {t: len(list((root / "attempts" / t).iterdir()))
                            for t in finished_before}
-        driver = start_driver(spec_path, storage, args.cores, Path(tmp) / "rss.json")
+        driver = start_driver(spec_path, storage, args.cores, Path(tmp) / "rss.json",
+                              subprocess.PIPE)
         out, err = driver.communicate()
         writes.stop()
         if driver.returncode:

@@ -153,6 +153,7 @@ def test_on_s3_a_trial_writes_each_of_its_objects_once_and_no_folder_markers(s3,
     lines_before = len(s3.log.read_text().splitlines())
     proc = run_sweep(spec, storage, **s3.env())
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Failed to fetch metrics" not in proc.stderr  # Tune's end, without --log json
     log = "\n".join(s3.log.read_text().splitlines()[lines_before:])
     uploads = _uploads(log, BUCKET)
     root = f"{tmp_path.name}/t"

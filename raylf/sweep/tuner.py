@@ -6,6 +6,7 @@ worker imports."""
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,10 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # objectives: evaluation rounds only
     if not verbose:  # Tune's newer output engine prints its start block even at verbose=0
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # The end of Tune's fit reads every trial's result.json into frames raylf never uses, and
+    # warns of each trial without one, which is every trial unless --log json writes them (the
+    # tables hold the results): one line per trial, 10,000 in a large sweep.
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     make_active(None if verbose else console)
     console.start(already_finished(stage))
     # the console first: on a failed trial it probes the storage and stops the sweep if that
