@@ -82,10 +82,7 @@ class APFL(GlobalModelServer, Method):
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        self.param_mask = torch.zeros(ctx.layout.size, dtype=torch.bool)
-        for slot in ctx.layout.slots:
-            if slot.is_param:
-                self.param_mask[slot.offset: slot.offset + slot.numel] = True
+        self.param_mask = ctx.layout.param_mask
 
     def client_init(self, cid, init):
         return {"model": init.clone(), "alpha": float(self.params.alpha)}

@@ -91,10 +91,7 @@ class FedCE(Method):
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        self.params_mask = torch.zeros(ctx.layout.size, dtype=torch.bool)
-        for slot in ctx.layout.slots:
-            if slot.is_param:
-                self.params_mask[slot.offset: slot.offset + slot.numel] = True
+        self.params_mask = ctx.layout.param_mask
 
     @classmethod
     def build_model(cls, spec_model, federation, params):

@@ -133,10 +133,7 @@ class FedFomo(Method):
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        self.params_mask = torch.zeros(ctx.layout.size, dtype=torch.bool)
-        for slot in ctx.layout.slots:
-            if slot.is_param:
-                self.params_mask[slot.offset: slot.offset + slot.numel] = True
+        self.params_mask = ctx.layout.param_mask
 
     # ---- server half ---------------------------------------------------------------------
     def server_init(self, init):

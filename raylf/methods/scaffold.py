@@ -117,10 +117,7 @@ class Scaffold(Method):
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
-        self.params_mask = torch.zeros(ctx.layout.size)
-        for slot in ctx.layout.slots:
-            if slot.is_param:
-                self.params_mask[slot.offset: slot.offset + slot.numel] = 1
+        self.params_mask = ctx.layout.param_mask.float()
 
     # ---- server half ---------------------------------------------------------------------
     def server_init(self, init):

@@ -49,6 +49,16 @@ class ParamLayout:
     def size(self) -> int:
         return self.parts[PARTS[-1]].stop
 
+    @property
+    def param_mask(self) -> torch.Tensor:
+        """True where the flat vector holds a trained parameter, False on running statistics:
+        what a method averages, corrects or mixes as weights and leaves alone as statistics."""
+        mask = torch.zeros(self.size, dtype=torch.bool)
+        for slot in self.slots:
+            if slot.is_param:
+                mask[slot.offset: slot.offset + slot.numel] = True
+        return mask
+
     def part(self, name: str) -> slice:
         return self.parts[name]
 
