@@ -411,19 +411,26 @@ def test_the_trainer_steps_exactly_as_torch_optim_sgd(momentum, grad_clip):
     trainer = LocalTrainer(model, layout, cfg, 8, 2, torch.device("cpu"))
     trainer.fit(x, y, seed=5, trainable=("encoder",))
 
-    opt = torch.optim.SGD(reference.encoder.parameters(), lr=0.1, momentum=momentum,
-                          weight_decay=0.01)
+    torch_optim_fit(reference, x, y, torch.optim.SGD(
+        reference.encoder.parameters(), lr=0.1, momentum=momentum, weight_decay=0.01), grad_clip)
+    assert torch.equal(trainer.vector(), model_vector(reference, layout))
+
+
+def torch_optim_fit(reference: nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    opt: torch.optim.Optimizer, grad_clip: float | None) -> None:
+    """What the trainer's fit of the encoder (2 epochs, batches of 8, shuffled by seed 5) is
+    checked against: a plain torch loop with ``clip_grad_norm_`` and a ``torch.optim``
+    optimizer over the encoder's parameters."""
     gen = torch.Generator().manual_seed(5)
     for _ in range(2):
-        order = torch.randperm(30, generator=gen)
-        for start in range(0, 30, 8):
+        order = torch.randperm(len(x), generator=gen)
+        for start in range(0, len(x), 8):
             idx = order[start: start + 8]
             opt.zero_grad(set_to_none=True)
             F.cross_entropy(reference(x[idx]), y[idx]).backward()
             if grad_clip is not None:
                 nn.utils.clip_grad_norm_(reference.encoder.parameters(), grad_clip)
             opt.step()
-    assert torch.equal(trainer.vector(), model_vector(reference, layout))
 
 
 def test_a_step_of_stacked_clients_is_each_clients_own_step():

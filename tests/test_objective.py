@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from raylf.config import validate
 from raylf.data import build_federation
@@ -21,6 +20,7 @@ from raylf.training.objective import reference_forward
 from raylf.training.sequential import LocalTrainer
 from tests.conftest import small_spec_dict
 from tests.test_cohort import assert_close, trained
+from tests.test_contract_primitives import torch_optim_fit
 
 
 def mlp(seed: int = 0):
@@ -41,18 +41,9 @@ def test_the_trainer_steps_exactly_as_torch_optim_adam(weight_decay, grad_clip):
     trainer = LocalTrainer(model, layout, OptimizerSpec(), 8, 2, torch.device("cpu"))
     trainer.fit(x, y, seed=5, trainable=("encoder",), optimizer=cfg)
 
-    opt = torch.optim.Adam(reference.encoder.parameters(), lr=0.01, betas=(0.8, 0.99), eps=1e-6,
-                           weight_decay=weight_decay)
-    gen = torch.Generator().manual_seed(5)
-    for _ in range(2):
-        order = torch.randperm(30, generator=gen)
-        for start in range(0, 30, 8):
-            idx = order[start: start + 8]
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(reference(x[idx]), y[idx]).backward()
-            if grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(reference.encoder.parameters(), grad_clip)
-            opt.step()
+    torch_optim_fit(reference, x, y, torch.optim.Adam(
+        reference.encoder.parameters(), lr=0.01, betas=(0.8, 0.99), eps=1e-6,
+        weight_decay=weight_decay), grad_clip)
     assert torch.equal(trainer.vector(), model_vector(reference, layout))
 
 
