@@ -83,13 +83,14 @@ def rows(sweep) -> pd.DataFrame:
     """One row per (setting, configuration): mean ± sample std over seeds, the paired result
     against each reference (None where it is the reference or the reference did not run), and
     the guard's flags."""
+    from raylf.stats import entry_series
+
     values = sweep.paired_values("score")
     flags = sweep.flags()
     found = []
     for setting, here in sweep.ok.groupby("setting", sort=False):
         mine = values[values["setting"] == setting]
-        series = {entry: frame.groupby(["seed", "client_id"])["value"].mean()
-                  for entry, frame in mine.groupby("entry", sort=False)}
+        series = entry_series(mine)
         method_of = here.groupby("config")["method"].first()
         reference = {name: next((c for c, m in method_of.items() if m == name), None)
                      for name in REFERENCES}

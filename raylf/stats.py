@@ -203,6 +203,13 @@ def paired(a: pd.Series, b: pd.Series, seed: int = 0) -> Paired | None:
 VERSUS = ("delta", "low", "high", "p", "pairs")
 
 
+def entry_series(values: pd.DataFrame) -> dict[str, pd.Series]:
+    """Each entry's values of one setting (``paired_values`` rows) indexed by (seed, client):
+    what :func:`paired` pairs two entries on."""
+    return {entry: frame.groupby(["seed", "client_id"])["value"].mean()
+            for entry, frame in values.groupby("entry", sort=False)}
+
+
 def versus(values: pd.DataFrame, means: pd.Series, higher_is_better: bool = True,
            seed: int = 0, reproduced: tuple[str, ...] = ()) -> pd.DataFrame:
     """Per (setting, entry) of ``means`` (the table's figure, which picks the best): ``best``
@@ -220,8 +227,7 @@ def versus(values: pd.DataFrame, means: pd.Series, higher_is_better: bool = True
             continue
         best = here.idxmax() if higher_is_better else here.idxmin()
         mine = values[values["setting"] == setting]
-        series = {entry: frame.groupby(["seed", "client_id"])["value"].mean()
-                  for entry, frame in mine.groupby("entry", sort=False)}
+        series = entry_series(mine)
         method = mine.groupby("entry")["method"].first()
         papers = here[[e for e in here.index if method.get(e) in reproduced]]
         paper = None if papers.empty else (papers.idxmax() if higher_is_better
