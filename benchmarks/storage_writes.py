@@ -2,7 +2,7 @@
 file closed after writing and every file renamed into place, with its size, by kind.
 
 A sweep's storage is written by the driver (Tune's experiment state, its trial logs, the
-report), by the trial processes (tables, attempt markers, checkpoints) and by pyarrow's C++
+report), by the trial processes (tables, checkpoints) and by pyarrow's C++
 code; counting at the kernel sees them all, rewrites included (Tune rewrites its experiment
 state in place), which a listing at the end cannot. A file written in a hidden staging folder
 and then renamed into place (``raylf.storage.publish``) counts once, as the rename: on an

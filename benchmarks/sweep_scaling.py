@@ -15,8 +15,9 @@ differs only in its seed), run as a user runs it (``python -m raylf.sweep``, a l
   against the trials done;
 - bytes and objects written to the storage by kind, counted by the kernel while the sweep
   runs (``benchmarks/storage_writes.py``): Tune's state (experiment state, searcher state,
-  tuner), Tune's trial logs, the tables, attempt markers, checkpoints, compacted tables,
-  report; and the size of Tune's experiment-state file at the end;
+  tuner), Tune's trial logs, the tables (a trial's trials row twice: ``started``, then its
+  end), checkpoints, compacted tables, report; the objects left per trial at the end, and
+  the size of Tune's experiment-state file;
 - the wall per extra trial between consecutive sizes.
 
 ``--resume-check N`` instead runs a sweep of N trials, SIGKILLs its driver and local Ray once
@@ -92,7 +93,7 @@ def kind(relative: str) -> str | None:
     if parts[0] == "search":  # a search stage's root: the same layout below it
         parts = parts[1:]
     head = parts[0]
-    if head in ("tables", "attempts", "checkpoints", "report"):
+    if head in ("tables", "checkpoints", "report"):
         return head
     if head == "compact":
         return "compacted tables"
@@ -275,8 +276,7 @@ def resume_check(args) -> dict:
         os.killpg(driver.pid, signal.SIGKILL)
         driver.communicate()
         killed_at = uptime()
-        attempts_before = {t: len(list((root / "attempts" / t).iterdir()))
-                           for t in finished_before}
+        attempts_before = {t: results.read_trial(root, t)["attempts"] for t in finished_before}
         driver = start_driver(spec_path, storage, args.cores, Path(tmp) / "rss.json",
                               subprocess.PIPE)
         out, err = driver.communicate()
@@ -284,12 +284,13 @@ def resume_check(args) -> dict:
         if driver.returncode:
             raise RuntimeError(f"the resumed sweep failed ({driver.returncode}):\n{err[-3000:]}")
         tables = results.load(root)
+        # a trial's rounds table is written once, at its end (its trials row also when each
+        # attempt starts)
         published = {path.split("/")[-1].removesuffix(".parquet"): count
                      for path, count in writes.per_path.items()
-                     if path.startswith(f"{NAME}/tables/trials/")}
+                     if path.startswith(f"{NAME}/tables/rounds/")}
         rounds = tables["rounds"].groupby("trial_id")["round"].apply(list)
-        attempts_after = {t: len(list((root / "attempts" / t).iterdir()))
-                          for t in finished_before}
+        attempts_after = {t: results.read_trial(root, t)["attempts"] for t in finished_before}
     trial_ids = list(tables["trials"]["trial_id"])
     check = {
         "trials": trials, "uptime_before": before, "uptime_at_kill": killed_at,
@@ -300,15 +301,15 @@ def resume_check(args) -> dict:
         "every_status_ok": set(tables["trials"]["status"]) == {"ok"},
         "rounds_each_once": bool((rounds.map(sorted) == rounds.map(
             lambda r: list(range(1, EXPERIMENT["federation"]["rounds"] + 1)))).all()),
-        "trials_files_published": sum(published.values()),
-        "trials_published_more_than_once": sorted(t for t, n in published.items() if n > 1),
+        "rounds_files_published": sum(published.values()),
+        "rounds_published_more_than_once": sorted(t for t, n in published.items() if n > 1),
         "finished_before_kill_started_again": sorted(
             t for t in finished_before if attempts_after[t] != attempts_before[t]),
     }
     check["ok"] = (check["trials_rows"] == trials and check["trials_unique"]
                    and check["every_status_ok"] and check["rounds_each_once"]
-                   and check["trials_files_published"] == trials
-                   and not check["trials_published_more_than_once"]
+                   and check["rounds_files_published"] == trials
+                   and not check["rounds_published_more_than_once"]
                    and not check["finished_before_kill_started_again"])
     return check
 

@@ -35,6 +35,10 @@ _FLOAT = pa.float64()
 _INT = pa.int64()
 _STR = pa.string()
 STATUSES = ("ok", "diverged", "failed", "timeout")  # how a trial ends (the trials table's status)
+# The status of the row a sweep trial's attempt writes before it runs: the row its end writes
+# replaces it, so one left behind is an attempt that never ended (its process or the driver was
+# killed, or the sweep is still running it). It counts the attempts.
+STARTED = "started"
 COLUMN_TYPES: dict[str, pa.DataType] = {
     "trial_id": _STR, "sweep": _STR, "method": _STR, "dataset": _STR, "scenario": _STR,
     "model": _STR, "seed": _INT, "status": _STR, "error": _STR, "backend": _STR,

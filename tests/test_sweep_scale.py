@@ -48,6 +48,33 @@ def test_what_tune_pickles_per_trial_holds_no_other_trial(tmp_path, monkeypatch)
     assert pickle.loads(pickle.dumps(names)) is None
 
 
+def test_each_attempt_writes_a_started_row_counting_from_the_row_it_replaces(tmp_path):
+    """The trials row an attempt writes before it runs: ``started``, one attempt more than the
+    row it replaces (none, a killed attempt's ``started`` row, a failed attempt's row); such a
+    trial is not finished, and a report lists it among the trials that did not end ok."""
+    from raylf.experiment import run_experiment
+    from raylf.sweep.trial import announce, finished_row
+
+    _, trials = _grid(tmp_path, 1)
+    trial = trials[0]
+    stage = stages.GridStage(trials, "t", str(tmp_path / "out"))
+    root, trial_id = stage.root, trial.trial_id
+    assert announce(root, trial, stage, "inline", None) == 1
+    row = results.read_trial(root, trial_id)
+    assert (row["status"], row["attempts"], row["backend"]) == (results.STARTED, 1, "inline")
+    assert "started and has recorded no end" in row["error"]
+    assert finished_row(root, trial_id, row) is None
+    assert announce(root, trial, stage, "inline", row) == 2  # the first attempt was killed
+    assert attempts(root, trial_id) == 2 and not complete_trials(root)
+    failed = {**results.read_trial(root, trial_id), "status": "failed", "attempts": 4}
+    assert announce(root, trial, stage, "inline", failed) == 5
+    run_experiment(trial.spec, backend="local", out=root, trial_id=trial_id, sweep="t",
+                   extra={"attempts": 5})
+    row = results.read_trial(root, trial_id)
+    assert (row["status"], row["attempts"]) == ("ok", 5)
+    assert finished_row(root, trial_id, row) == row and complete_trials(root) == {trial_id}
+
+
 def test_a_grid_above_the_bound_runs_as_equal_parts_by_trial_id(tmp_path, monkeypatch):
     _, trials = _grid(tmp_path, 5)
     stage = stages.GridStage(trials, "t", str(tmp_path / "out"))
@@ -141,11 +168,12 @@ def _uploads(log: str, bucket: str) -> collections.Counter:
 
 
 @pytest.mark.slow
-def test_on_s3_a_trial_writes_each_of_its_objects_once_and_no_folder_markers(s3, tmp_path):
-    """Per trial on S3: its three tables and an attempt marker, each uploaded once (Tune's JSON
-    record only under ``--log json``); no folder marker objects for tables or attempts (pyarrow
-    writes one per level of every folder it is asked to create). (Tune's snapshots upload the
-    staging folder of each trial that is running, a marker each; the trial's end removes it.)"""
+def test_on_s3_a_trial_writes_three_objects_and_no_folder_markers(s3, tmp_path):
+    """Per trial on S3: its three tables, the trials row twice (``started`` before the attempt
+    runs, then its end) and the others once (Tune's JSON record only under ``--log json``); no
+    attempt markers, no folder marker objects for tables (pyarrow writes one per level of every
+    folder it is asked to create). (Tune's snapshots upload the staging folder of each trial
+    that is running, a marker each; the trial's end removes it.)"""
     from tests.s3 import BUCKET
 
     spec, trials = _grid(tmp_path, 3)
@@ -160,12 +188,8 @@ def test_on_s3_a_trial_writes_each_of_its_objects_once_and_no_folder_markers(s3,
     for trial in trials:
         own = {key.removeprefix(f"{root}/"): count for key, count in uploads.items()
                if trial.trial_id in key}
-        attempt = [key for key in own if key.startswith("attempts/")]
-        assert len(attempt) == 1, own
-        assert {key: count for key, count in own.items() if key not in attempt} | {
-            "attempt": own[attempt[0]]} == {
-            f"tables/{name}/{trial.trial_id}.parquet": 1 for name in results.TABLES} | {
-            "attempt": 1} | ({f"{trial.trial_id}/": own[f"{trial.trial_id}/"]}
-                             if f"{trial.trial_id}/" in own else {})
+        own.pop(f"{trial.trial_id}/", None)  # Tune's staging folder, while it ran
+        assert own == {f"tables/{name}/{trial.trial_id}.parquet": 2 if name == "trials" else 1
+                       for name in results.TABLES}
     markers = [key for key in uploads if key.endswith("/")]
-    assert not [key for key in markers if "/tables/" in key or "/attempts/" in key], markers
+    assert not [key for key in markers if "/tables/" in key], markers

@@ -121,6 +121,8 @@ class SweepConsole(tune.Callback):
         self.running.discard(trial_id)
         self._rounds(trial_id, trial.spec.federation.rounds)
         row = results.read_trial(self.root, trial_id) or {}
+        if row.get("status") == results.STARTED:  # its process died before its end's row
+            row = {}
         status = row.get("status") or "failed"
         if status == "ok" and self.stage.objective is not None:  # a search trial: validation
             value = objective_value(row, self.stage.objective)

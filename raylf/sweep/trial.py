@@ -1,6 +1,6 @@
 """The Tune function trial of a sweep: one experiment, reporting to Tune the rounds something
 acts on (``ReportGate``) and every round to Ray's metrics, checkpointing, resuming from Tune's
-checkpoint, and counting its attempts.
+checkpoint, and counting its attempts (``announce``).
 
 A trial whose tables record an end for good is never run again (``finished_row``); once they
 do, its checkpoints are dropped (``raylf.checkpoints``)."""
@@ -11,7 +11,6 @@ import json
 import math
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from ray import tune
 
 from raylf import checkpoints, results
 from raylf.metrics import evaluates
-from raylf.storage import create_folder
 from raylf.sweep.placement import trains_inline
 from raylf.sweep.search import objective_value, stop_mark
 from raylf.sweep.writable import StorageUnwritable
@@ -86,11 +84,11 @@ class TrialMetrics:
                                tags={**self.tags, "direction": direction})
 
 
-def finished_row(root: str, trial_id: str) -> dict[str, Any] | None:
-    """The trial's trials-table row if it ended for good and all three of its tables exist."""
+def finished_row(root: str, trial_id: str, row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The trial's trials-table row (``row``, as ``results.read_trial`` read it) if it ended
+    for good and all three of its tables exist."""
     import pyarrow.fs as pafs
 
-    row = results.read_trial(root, trial_id)
     if row is None or row["status"] not in RECORDED_ENDS:
         return None
     fs, base = results.filesystem(root)
@@ -166,12 +164,15 @@ def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: i
     spec, trial_id, root = trial.spec, trial.trial_id, stage.root
     keep = spec.method.name in keep_final_states
     tune_dir = f"{stage.path}/{trial_id}"  # Tune's folder of the trial (run_stage names it)
-    finished = finished_row(root, trial_id)
+    inline = trains_inline(spec)
+    backend = "inline" if inline else "ray"
     try:
+        last = results.read_trial(root, trial_id)
+        finished = finished_row(root, trial_id, last)
         if finished is not None:
             checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
         else:
-            attempts = _mark_attempt(root, trial_id)
+            attempts = announce(root, trial, stage, backend, last)
     except OSError as err:
         raise StorageUnwritable(f"cannot write to {root}: {err}") from None
     if finished is not None:
@@ -217,11 +218,10 @@ def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: i
                 f"below its rung's cutoff ({spec.federation.rounds - stop['round']} rounds "
                 "saved)"))
 
-    inline = trains_inline(spec)
     placement = None if inline else (ray.util.get_current_placement_group(), 1)
     try:
         result = run_experiment(
-            spec, backend="inline" if inline else "ray", out=root, trial_id=trial_id,
+            spec, backend=backend, out=root, trial_id=trial_id,
             sweep=stage.sweep, placement=placement, on_round=on_round,
             checkpoint_every=checkpoint_every, checkpoint_min_s=checkpoint_min_s,
             checkpoint_last=keep, progress=progress, snapshot=snapshot, reraise=True,
@@ -232,13 +232,22 @@ def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: i
         raise StorageUnwritable(f"cannot write to {root}: {err}") from None
 
 
-def _mark_attempt(root: str, trial_id: str) -> int:
-    """Leave one marker per start of a trial; the count is the trials table's ``attempts``."""
-    import pyarrow.fs as pafs
+def announce(root: str, trial, stage, backend: str, last: dict[str, Any] | None) -> int:
+    """Write the trial's trials row as ``started`` before this attempt does anything, and
+    return the attempt's number: one more than the row it replaces says (``last``: a failed
+    attempt's row, or the ``started`` row of one whose process or driver was killed). The row
+    this attempt writes at its end replaces it in turn, so a trial's three tables are its only
+    objects in the storage, and the trials table shows which trials are running (or were, when
+    a sweep was killed). The counting needs no listing: attempts of one trial never overlap
+    (Tune runs a trial's next attempt once the last one ended)."""
+    from raylf.experiment import Progress, trial_row
 
-    fs, base = results.filesystem(root)
-    folder = f"{base}/attempts/{trial_id}"
-    create_folder(fs, folder)
-    with fs.open_output_stream(f"{folder}/{uuid.uuid4().hex}"):
-        pass
-    return len(fs.get_file_info(pafs.FileSelector(folder)))
+    attempts = int((last or {}).get("attempts") or 0) + 1
+    row = trial_row(trial.spec, trial.trial_id, stage.sweep, backend, results.STARTED,
+                    f"attempt {attempts} started and has recorded no end: it is running, or its "
+                    "process or the sweep's driver was stopped (the next run of the sweep starts "
+                    "it again)", None, Progress(), 0.0)
+    results.write_trial(root, trial.trial_id, {"trials": [row | {"attempts": attempts,
+                                                                  **stage.extra}]},
+                        trial.spec.resolved())
+    return attempts

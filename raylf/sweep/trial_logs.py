@@ -5,8 +5,8 @@ JSON logger writes them) in the trial's Tune folder, each written to the sweep's
 an attempt ends (``TrialLogs``).
 
 The record is off by default: the trials and rounds tables hold the config and every round,
-and the two files would be two more objects per trial in the storage (six where the tables and
-the attempt marker are four).
+and the two files would be two more objects per trial in the storage (five where the tables
+are three).
 
 Tune's own logger callbacks write these files into the driver's staging folder, and Tune copies
 that whole folder to the storage at every experiment snapshot: every trial's files again at

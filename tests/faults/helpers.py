@@ -60,11 +60,16 @@ def listing(root: Path | str, folder: str) -> list[pafs.FileInfo]:
 
 
 def complete_trials(root: Path | str) -> set[str]:
-    """Trials whose three tables are all in place."""
+    """Trials whose three tables are all in place, the trials row of an attempt's end among
+    them (not the ``started`` row an attempt writes first)."""
     present = [{i.base_name.removesuffix(".parquet") for i in listing(root, f"tables/{name}")
                 if i.base_name.endswith(".parquet")} for name in results.TABLES]
-    return set.intersection(*present)
+    return {t for t in set.intersection(*present)
+            if results.read_trial(root, t)["status"] != results.STARTED}
 
 
 def attempts(root: Path | str, trial_id: str) -> int:
-    return len(listing(root, f"attempts/{trial_id}"))
+    """The starts of a trial so far: its trials row's count (each attempt writes it as
+    ``started`` before it runs, and again at its end); 0 if it never started."""
+    row = results.read_trial(root, trial_id)
+    return 0 if row is None else int(row["attempts"])

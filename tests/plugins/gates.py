@@ -5,7 +5,7 @@ whose first client to reach ``gate_round`` creates ``gate_file`` (holding its wo
 ``<trial id>/…``, and, on the next line, its node's id) and then waits for
 ``<gate_file>.release``; ``kill_worker`` makes that worker ``ray.kill`` itself instead. With
 ``$RAYLF_TABLE_GATE`` set, the first trial to write its tables stops after its rounds and
-clients tables and before its trials row (written last) in the same way; with
+clients tables and before the trials row of its end (written last) in the same way; with
 ``$RAYLF_DROP_GATE`` set, the first trial to drop its checkpoints (its tables complete) holds
 right after, before Tune has seen it end. A gate file that already exists lets everyone
 through, so a resumed attempt passes. Every wait has a deadline.
@@ -84,7 +84,7 @@ if os.environ.get("RAYLF_TABLE_GATE") and not getattr(results.write_table, "gate
     _write_table = results.write_table
 
     def write_table(root, table_name, trial_id, table):
-        if table_name == "trials":
+        if table_name == "trials" and table.column("status")[0].as_py() != results.STARTED:
             hold(Path(os.environ["RAYLF_TABLE_GATE"]), trial_id)
         return _write_table(root, table_name, trial_id, table)
 
