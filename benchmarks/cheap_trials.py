@@ -15,7 +15,8 @@ Ray's start and the plan, to the last trial's line), and their ratios to the bou
 ``--rounds`` lengthens every trial (evaluation stays every 5 rounds): the sweep's own costs are
 mostly per process and per trial, not per round, so their share shrinks as trials grow.
 
-    python benchmarks/cheap_trials.py [--cores 2] [--rounds 10] [--out /tmp/cheap.json]
+    python benchmarks/cheap_trials.py [--cores 2] [--rounds 10] [--per-tune-trial K]
+                                      [--out /tmp/cheap.json]
 """
 
 from __future__ import annotations
@@ -103,16 +104,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cores", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=10, help="rounds of every trial")
+    parser.add_argument("--per-tune-trial", type=int, default=1, metavar="K",
+                        help="the sweep's trials_per_tune_trial (trials one Tune trial runs)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     sweep = {**SWEEP, "experiment": {**SWEEP["experiment"], "federation": {
-        **SWEEP["experiment"]["federation"], "rounds": args.rounds}}}
+        **SWEEP["experiment"]["federation"], "rounds": args.rounds}},
+             "trials_per_tune_trial": args.per_tune_trial}
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = Path(tmp) / "cheap.yaml"
         spec_path.write_text(yaml.safe_dump(sweep, sort_keys=False))
         bound = compute_bound(spec_path, args.cores)
         wall = sweep_wall(spec_path, args.cores, bound["trials"])
     result = {**bound, **wall, "cores": args.cores, "rounds": args.rounds,
+              "per_tune_trial": args.per_tune_trial,
               "process_over_bound": wall["process_s"] / bound["bound_s"],
               "trial_phase_over_bound": wall["trial_phase_s"] / bound["bound_s"]}
     print(f"{bound['trials']} trials: compute {bound['sum_s']:.1f} s in process, bound "

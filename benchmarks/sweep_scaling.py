@@ -26,7 +26,8 @@ trial's tables were written exactly once (one trials-table file published per tr
 trials table unique, every round once) and that the trials finished before the kill were not
 started again.
 
-    python benchmarks/sweep_scaling.py [--sizes 100 1000 10000] [--cores 2] [--out FILE]
+    python benchmarks/sweep_scaling.py [--sizes 100 1000 10000] [--cores 2] [--per-tune-trial K]
+                                       [--out FILE]
     python benchmarks/sweep_scaling.py --resume-check 1000 [--out FILE]
 
 Measure on a quiet machine if you can; ``uptime`` is recorded before and after each sweep,
@@ -78,10 +79,11 @@ DRIVER = ("import json, resource, sys\n"
           "sys.exit(code)\n")
 
 
-def write_spec(folder: Path, trials: int) -> Path:
-    path = folder / f"scale-{trials}.yaml"
+def write_spec(folder: Path, trials: int, per_tune_trial: int = 1) -> Path:
+    path = folder / f"scale-{trials}-{per_tune_trial}.yaml"
     path.write_text(yaml.safe_dump({"name": NAME, "experiment": EXPERIMENT,
-                                    "seeds": list(range(trials))}, sort_keys=False))
+                                    "seeds": list(range(trials)),
+                                    "trials_per_tune_trial": per_tune_trial}, sort_keys=False))
     return path
 
 
@@ -232,7 +234,7 @@ def scaling(args) -> dict:
     records = []
     with _workdir(args.keep, "raylf-scale-") as tmp:
         for trials in args.sizes:
-            spec_path = write_spec(Path(tmp), trials)
+            spec_path = write_spec(Path(tmp), trials, args.per_tune_trial)
             bound = compute_bound(spec_path, args.cores, args.sample)
             record = {**sweep(spec_path, Path(tmp) / f"storage-{trials}", args.cores, trials),
                       **bound}
@@ -252,7 +254,7 @@ def scaling(args) -> dict:
     for later, earlier in zip(records[2:], records[1:]):
         later["extra_wall_growth"] = (later["wall_per_extra_trial_s"]
                                       / earlier["wall_per_extra_trial_s"])
-    return {"cores": args.cores, "records": records}
+    return {"cores": args.cores, "per_tune_trial": args.per_tune_trial, "records": records}
 
 
 def resume_check(args) -> dict:
@@ -261,7 +263,7 @@ def resume_check(args) -> dict:
 
     trials = args.resume_check
     with _workdir(args.keep, "raylf-resume-") as tmp:
-        spec_path = write_spec(Path(tmp), trials)
+        spec_path = write_spec(Path(tmp), trials, args.per_tune_trial)
         storage = Path(tmp) / "storage"
         root = storage / NAME
         writes = StorageWrites(storage, kind).start()
@@ -318,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--cores", type=int, default=2)
+    parser.add_argument("--per-tune-trial", type=int, default=1, metavar="K",
+                        help="the sweep's trials_per_tune_trial (trials one Tune trial runs)")
     parser.add_argument("--sample", type=int, default=50,
                         help="trials timed in process for the bound")
     parser.add_argument("--resume-check", type=int, metavar="N",

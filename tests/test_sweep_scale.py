@@ -21,6 +21,7 @@ from tests.faults.helpers import attempts, complete_trials
 from tests.test_sweep import run_sweep, write_sweep
 
 ROUNDS = 2
+MEASURED = re.compile(r".*(_s|_mb)$")  # seconds and memory: measured, not computed
 
 
 def _grid(tmp_path, seeds: int):
@@ -121,6 +122,64 @@ def test_a_grid_in_parts_runs_and_resumes_each_trial_once(ray_cluster, tmp_path,
         assert json.loads((folder / "params.json").read_text())["trial_id"] == trial_id
         assert [json.loads(line)["round"] for line in
                 (folder / "result.json").read_text().splitlines()][-1] == ROUNDS
+
+
+def test_a_grid_runs_in_groups_of_the_same_bundles_fixed_by_the_trial_ids(tmp_path,
+                                                                          monkeypatch):
+    _, trials = _grid(tmp_path, 5)
+    stage = stages.GridStage(trials, "t", str(tmp_path / "out"), per_tune_trial=2)
+    ids = sorted(t.trial_id for t in trials)
+    assert stage.groups == {f"{ids[0]}-and-1": ids[:2], f"{ids[2]}-and-1": ids[2:4],
+                            ids[4]: ids[4:]}
+    assert stage.tune_trials == 3 and stage.planned == 5
+    configs = stage.tune_configs()
+    assert [c["trial_id"] for c in configs] == list(stage.groups)
+    # a group of one shows its trial as before
+    assert configs[0]["trials"] == 2 and configs[2]["seed"] == stage.trial(ids[4]).spec.seed
+    assert [t.trial_id for t in stage.members(configs[1])] == ids[2:4]
+    # another resource shape starts a new group; each part of a large grid groups its own
+    shaped = stage.shapes | {ids[1]: "other"}
+    monkeypatch.setattr(stage, "shapes", shaped)
+    assert list(stage._grouped(ids).values()) == [ids[:1], ids[1:2], ids[2:4], ids[4:]]
+    monkeypatch.setattr(stages, "TRIALS_PER_EXPERIMENT", 3)
+    assert [list(p.groups.values()) for p in stage.experiments()] == [
+        [ids[:1], ids[1:2], ids[2:3]], [ids[3:5]]]
+
+
+def test_a_group_in_one_tune_trial_writes_what_each_trial_alone_writes(ray_cluster, tmp_path,
+                                                                       monkeypatch, capsys):
+    """``trials_per_tune_trial: 3`` over four seeds: two Tune trials (a group of three, one
+    alone), and every trial's tables, attempts and console line as when each is a Tune trial of
+    its own, number for number; run again, nothing runs twice."""
+    for name in ("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "TUNE_DISABLE_STRICT_METRIC_CHECKING",
+                 "RAY_AIR_NEW_OUTPUT"):  # what the sweep sets for Tune: unset again after
+        monkeypatch.delenv(name, raising=False)
+    tables = {}
+    for per_tune_trial in (1, 3):
+        folder = tmp_path / str(per_tune_trial)
+        folder.mkdir()
+        spec = write_sweep(folder, seeds=[0, 1, 2, 3], overrides={"federation.rounds": ROUNDS},
+                           resources={"workers": 1, "cpus_per_worker": 0.5},
+                           trials_per_tune_trial=per_tune_trial)
+        assert sweep_cli.main([str(spec), "--storage", str(folder / "out")]) == 0
+        out = capsys.readouterr().out
+        assert sorted(re.findall(r"\] ok +fedavg seed=(\d)", out)) == ["0", "1", "2", "3"]
+        tables[per_tune_trial] = results.load(folder / "out" / "t")
+    root = tmp_path / "3" / "out" / "t"
+    assert len(list(root.glob("*-and-2"))) == 1  # the group's Tune folder
+    ids = sorted(tables[3]["trials"]["trial_id"])
+    assert {t: attempts(root, t) for t in ids} == dict.fromkeys(ids, 1)
+    for name, keys in (("trials", ["seed"]), ("rounds", ["trial_id", "round"]),
+                       ("clients", ["trial_id", "round", "client_id"])):
+        alone, grouped = (tables[k][name].sort_values(keys).reset_index(drop=True)
+                          for k in (1, 3))
+        same = [c for c in alone if not MEASURED.match(c) and not c.startswith("env.")]
+        assert len(grouped) == len(alone) > 0
+        assert alone[same].equals(grouped[same]), name
+    assert sweep_cli.main([str(tmp_path / "3" / "sweep.yaml"), "--storage",
+                           str(tmp_path / "3" / "out")]) == 0
+    assert "resuming: 4 of 4 trials already finished" in capsys.readouterr().out
+    assert {t: attempts(root, t) for t in ids} == dict.fromkeys(ids, 1)
 
 
 def test_readers_use_the_compacted_table_while_it_matches_the_trials_files(tmp_path):

@@ -201,7 +201,7 @@ def _sweep(args: argparse.Namespace, held: contextlib.ExitStack) -> int:
         if searches:
             trials, choices, failed = search_then_replicate(sweep, searches, trials, base, run)
         else:
-            grid = run(GridStage(trials, sweep.name, base))
+            grid = run(GridStage(trials, sweep.name, base, sweep.trials_per_tune_trial))
             choices, failed = {}, any(result.error is not None for result in grid)
     except SpecError as err:
         print(err, file=sys.stderr)

@@ -13,6 +13,7 @@ from ray import tune
 from raylf import metrics, results, storage
 from raylf.sweep.search import objective_value
 from raylf.sweep.spec import Trial
+from raylf.sweep.trial import ENDED, MEMBER
 from raylf.sweep.writable import StorageUnwritable, probe_storage
 
 
@@ -42,9 +43,11 @@ class SweepConsole(tune.Callback):
         self.root = stage.root
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty()
-        # Tune's trial id → the trial its config stands for, while it runs (a finished trial's
-        # spec is dropped: a sweep of many thousands would hold them all)
-        self.known: dict[str, Trial] = {}
+        # Tune's trial id → the trials its config stands for (one, or a group's), while it
+        # runs (a finished trial's spec is dropped: a sweep of many thousands would hold them
+        # all)
+        self.known: dict[str, list[Trial]] = {}
+        self.failed_now: dict[str, list[tuple[Trial, str]]] = {}  # a group attempt's failures
         self.rounds: dict[str, int] = {}  # rounds done by trial
         self.rounds_done = 0  # their sum, kept as they change (the ETA of every line)
         self.total_rounds = stage.rounds or 1
@@ -60,32 +63,67 @@ class SweepConsole(tune.Callback):
         # belongs to one process's terminal, so it unpickles as the restoring process's console.
         return (active_console, ())
 
-    def _trial(self, tune_trial) -> Trial:
+    def _members(self, tune_trial) -> list[Trial]:
         if tune_trial.trial_id not in self.known:
-            self.known[tune_trial.trial_id] = self.stage.trial(tune_trial.config)
+            self.known[tune_trial.trial_id] = self.stage.members(tune_trial.config)
         return self.known[tune_trial.trial_id]
 
-    def _ended(self, tune_trial) -> Trial:
-        trial = self._trial(tune_trial)
+    def _ended(self, tune_trial) -> list[Trial]:
+        """The Tune trial's trials that have printed no line yet; it is forgotten."""
+        members = self._members(tune_trial)
         del self.known[tune_trial.trial_id]
-        return trial
+        self.failed_now.pop(tune_trial.trial_id, None)
+        return [t for t in members if t.trial_id not in self.done]
 
     # Tune callback hooks
     def on_trial_start(self, iteration, trials, trial, **info):
-        self.running.add(self._trial(trial).trial_id)
+        self._next_running(trial)
         self._progress()
 
+    def _next_running(self, tune_trial) -> None:
+        """The Tune trial's next trial without a line runs now (a group's run in turn)."""
+        failed = {t.trial_id for t, _ in self.failed_now.get(tune_trial.trial_id, [])}
+        waiting = [t for t in self._members(tune_trial)
+                   if t.trial_id not in self.done and t.trial_id not in failed]
+        if waiting:
+            self.running.add(waiting[0].trial_id)
+
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        self._rounds(self._trial(trial).trial_id, int(result.get("round", 0)))
+        members = self._members(trial)
+        if len(members) == 1:
+            self._rounds(members[0].trial_id, int(result.get("round", 0)))
+            self._progress()
+            return
+        # a group's: the trials that ended since its last report, then the one it names (its
+        # rounds, or its failure in this attempt)
+        by_id = {t.trial_id: t for t in members}
+        for trial_id in result.get(ENDED, ()):
+            self._finished(by_id[trial_id], None)
+        member = by_id.get(result.get(MEMBER))
+        if member is not None and "trial_failed" in result:
+            self.running.discard(member.trial_id)
+            if result.get("for_good"):  # out of its retries in this run: not run again
+                self._finished(member, last_line(result["trial_failed"]))
+            else:
+                self.failed_now.setdefault(trial.trial_id, []).append(
+                    (member, last_line(result["trial_failed"])))
+        elif member is not None:
+            self._rounds(member.trial_id, int(result.get("round", 0)))
+        self.running -= set(by_id)
+        self._next_running(trial)
         self._progress()
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        self._finished(self._ended(trial), None)
+        for member in self._ended(trial):
+            self._finished(member, None)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         reason = last_line(storage.trial_error(trial)) or (
             "Tune reported no error: the trial's process or its node was lost")
-        self._line("retry", self._trial(trial), f"attempt failed: {reason}")
+        failures = self.failed_now.pop(trial.trial_id, None) or [
+            (next(t for t in self._members(trial) if t.trial_id not in self.done), reason)]
+        for member, why in failures:
+            self._line("retry", member, f"attempt failed: {why}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         try:
@@ -93,7 +131,8 @@ class SweepConsole(tune.Callback):
         except OSError as err:  # every further trial would fail the same way: stop here
             self.storage_error = StorageUnwritable(f"cannot write to {self.root}: {err}")
             raise self.storage_error from None
-        self._finished(self._ended(trial), last_line(storage.trial_error(trial)))
+        for member in self._ended(trial):
+            self._finished(member, last_line(storage.trial_error(trial)))
 
     def start(self, already_done: dict[str, int]) -> None:
         """``already_done``: trial id → rounds of the trials a resumed stage keeps."""

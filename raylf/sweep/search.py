@@ -127,6 +127,14 @@ class SearchStage:
         point = {k: v for k, v in config.items() if k not in ("method", "seed", TRIAL_INDEX)}
         return self.searched.trial(point, seed)
 
+    @property
+    def tune_trials(self) -> int:
+        return self.planned
+
+    def members(self, config: dict[str, Any]) -> list[Trial]:
+        """A search trial is one Tune trial (its scheduler and searcher see each)."""
+        return [self.trial(config)]
+
     def trial_id(self, config: dict[str, Any]) -> str:
         return self.trial(config).trial_id
 

@@ -199,6 +199,14 @@ class SweepSpec(Strict):
                                "that evaluates under --log or --verbose (the tables record "
                                "every round either way); 0 reports every round to Tune")
     max_failures: int = Field(2, ge=0, description="retries of a failed trial (from checkpoint)")
+    trials_per_tune_trial: int = Field(
+        1, ge=1, description="trials one Tune trial runs in turn (grid and replicate trials of "
+                             "the same resources; a search's trials always one each): Tune's "
+                             "own work per trial, tens of milliseconds, is then paid once per "
+                             "group, which pays for trials of a fraction of a second. Each trial "
+                             "still has its own tables, attempts, checkpoints and console line; "
+                             "a trial that fails has its group retried, the trials it finished "
+                             "kept")
     keep_final_states: list[str] = Field(
         default_factory=list, description="methods whose trials keep their final personal "
         "states (checkpoints/<trial>/round-<last>/, what python -m raylf.diagnostics donor-swap "

@@ -21,6 +21,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from raylf.config import validate
 from raylf.labels import point_label
+from raylf.sweep.placement import trial_bundles
 from raylf.sweep.search import (
     Choice,
     SearchStage,
@@ -42,19 +43,48 @@ TRIALS_PER_EXPERIMENT = 2000
 
 class GridStage:
     """Trials known before Tune starts: a grid sweep, or a two-stage sweep's replicates. Each
-    Tune config names its trial and shows its method, grid point and seed by dotted names."""
+    Tune config names its trial and shows its method, grid point and seed by dotted names.
 
-    def __init__(self, trials: list[Trial], sweep: str, storage: str):
+    With ``per_tune_trial`` above 1, one Tune trial runs up to that many of them in turn
+    (``groups``): Tune's own work per trial (scheduling it, the actor's reset, its callbacks,
+    the wait for the driver between two trials) is then paid once per group, which matters
+    where that work is a large share of a trial (trials of a fraction of a second; the sweep
+    field ``trials_per_tune_trial`` says where it was measured). Each trial still writes its
+    own tables, counts its own attempts and prints its own line."""
+
+    def __init__(self, trials: list[Trial], sweep: str, storage: str, per_tune_trial: int = 1):
         self.objective: str | None = None  # reported on test data, chosen by nothing
         self.scheduled = False
         self.extra: dict[str, Any] = {}  # trials-row columns beyond the experiment's
         self.specs = {t.trial_id: (t.spec.to_dict(), t.point) for t in trials}
+        self.per_tune_trial = per_tune_trial
+        # the bundles each trial asks for: a Tune trial holds one placement group for its group
+        self.shapes = {t.trial_id: json.dumps(trial_bundles(t.spec), sort_keys=True)
+                       for t in trials}
         self.width = max((len(t.label) for t in trials), default=0)
         self.sweep = sweep
         self.storage_path, self.name = storage.rstrip("/"), sweep
         self.root = self.path = f"{self.storage_path}/{sweep}"
         self.planned = len(trials)
         self.rounds = sum(t.spec.federation.rounds for t in trials)
+        self.groups = self._grouped(sorted(self.specs))
+        # trial id → its attempts when this run of the sweep started (``retries_used``)
+        self.attempts_before: dict[str, int] = {}
+
+    def _grouped(self, ids: list[str]) -> dict[str, list[str]]:
+        """Tune trial name → the trials it runs, in trial-id order: consecutive trials of the
+        same bundles, at most ``per_tune_trial`` of them; a group of one is named by its trial.
+        Fixed by the trials alone, so a resumed sweep finds the same Tune trials."""
+        chunks: list[list[str]] = []
+        for trial_id in ids:
+            last = chunks[-1] if chunks else None
+            if (last is not None and len(last) < self.per_tune_trial
+                    and self.shapes[last[0]] == self.shapes[trial_id]):
+                last.append(trial_id)
+            else:
+                chunks.append([trial_id])
+        return {chunk[0] if len(chunk) == 1 else f"{chunk[0]}-and-{len(chunk) - 1}": chunk
+                for chunk in chunks}
 
     def experiments(self) -> list[GridStage]:
         """The Tune experiments the stage runs as: itself, or above ``TRIALS_PER_EXPERIMENT``
@@ -71,29 +101,54 @@ class GridStage:
     def _part(self, ids: list[str], name: str) -> GridStage:
         part = copy.copy(self)
         part.specs = {trial_id: self.specs[trial_id] for trial_id in ids}
+        part.groups = part._grouped(ids)
         part.planned = len(ids)
         part.rounds = sum(spec["federation"]["rounds"] for spec, _ in part.specs.values())
         part.storage_path, part.name, part.path = self.root, name, f"{self.root}/{name}"
         return part
 
-    def trial(self, config: dict[str, Any]) -> Trial:
-        spec, point = self.specs[config["trial_id"]]
-        return Trial(config["trial_id"], validate(spec), point)
+    @property
+    def tune_trials(self) -> int:
+        return len(self.groups)
+
+    def retries_used(self, row: dict[str, Any]) -> int:
+        """A trial's attempts in this run of the sweep, from its trials row: a group gives
+        each of its trials ``max_failures`` retries per run, as Tune gives a trial alone (a
+        resumed sweep retries a trial that failed for good in the last run)."""
+        return int(row.get("attempts") or 0) - self.attempts_before.get(row["trial_id"], 0)
+
+    def trial(self, trial_id: str) -> Trial:
+        spec, point = self.specs[trial_id]
+        return Trial(trial_id, validate(spec), point)
+
+    def members(self, config: dict[str, Any]) -> list[Trial]:
+        """The trials a Tune config runs, in order: its own, or its group's."""
+        return [self.trial(trial_id) for trial_id in self.groups[config["trial_id"]]]
 
     def trial_id(self, config: dict[str, Any]) -> str:
+        """Tune's name of the trial: the trial id, or its group's name."""
         return config["trial_id"]
 
     def owns(self, row: dict[str, Any]) -> bool:
         return row["trial_id"] in self.specs
 
     def tune_configs(self) -> list[dict[str, Any]]:
-        """Each trial's Tune config: its id, method, seed and grid point by dotted names
-        (``None`` where a method has no such field). A mapping value (a grid over ``scenario``,
-        say) is shown as its JSON: Tune would merge a mapping into the space's domain and fail."""
-        points = [{"trial_id": trial_id, "method": spec["method"]["name"], "seed": spec["seed"],
-                   **{k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
-                      for k, v in point.items()}}
-                  for trial_id, (spec, point) in sorted(self.specs.items())]
+        """Each Tune trial's config: the trial's id, method, seed and grid point by dotted names
+        (``None`` where a method has no such field); a group's name, its method(s) and how many
+        trials it runs. A mapping value (a grid over ``scenario``, say) is shown as its JSON:
+        Tune would merge a mapping into the space's domain and fail."""
+        points = []
+        for name, ids in self.groups.items():
+            if len(ids) > 1:
+                methods = sorted({self.specs[i][0]["method"]["name"] for i in ids})
+                points.append({"trial_id": name, "method": ",".join(methods),
+                               "trials": len(ids)})
+                continue
+            spec, point = self.specs[name]
+            points.append({"trial_id": name, "method": spec["method"]["name"],
+                           "seed": spec["seed"],
+                           **{k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v
+                              for k, v in point.items()}})
         names = sorted({k for p in points for k in p}, key=lambda k: (k != "method", k))
         return [{k: p.get(k) for k in names} for p in points]
 
@@ -149,7 +204,7 @@ def search_then_replicate(sweep: SweepSpec, searches: list[SearchedMethod],
         if choices is None:
             grid = run(stage)
             failed |= any(result.error is not None for result in grid)
-            ran = [stage.trial(result.config) for result in grid]
+            ran = [trial for result in grid for trial in stage.members(result.config)]
             choices = choose(stage, ran, sweep.top_k)
             write_choices(stage, choices)
         print(describe_choices(searched, choices), flush=True)
@@ -160,8 +215,8 @@ def search_then_replicate(sweep: SweepSpec, searches: list[SearchedMethod],
                 chosen[trial.trial_id] = choice
     trials = list(replicates.values())
     if trials:
-        failed |= any(result.error is not None for result in run(GridStage(trials, sweep.name,
-                                                                           storage)))
+        failed |= any(result.error is not None for result in run(
+            GridStage(trials, sweep.name, storage, sweep.trials_per_tune_trial)))
     return trials, chosen, failed
 
 

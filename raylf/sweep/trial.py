@@ -147,27 +147,111 @@ class ReportGate:
         return due
 
 
+class GroupFailed(RuntimeError):
+    """Trials of a group that failed in this attempt, each recorded in its tables: Tune retries
+    the group (``max_failures``), whose next attempt runs only the trials without an end."""
+
+
+MEMBER = "raylf_trial"  # the key that names a group's trial in its reports to Tune
+ENDED = "trials_ended"  # a group's trials whose tables recorded their end since its last report
+
+
+@dataclass
+class GroupReports:
+    """What a group's trials send Tune, together: one ``ReportGate`` for the whole group (a
+    trial's own gate would send its first round, a wait for the driver per trial) and the trials
+    that ended since the last report, which go with the next report the gate lets through, or
+    with the group's end (the console prints their lines then)."""
+
+    gate: ReportGate
+    ended: list[str]
+
+    def with_ended(self, report: dict[str, Any]) -> dict[str, Any]:
+        if self.ended:
+            report = report | {ENDED: list(self.ended)}
+            self.ended.clear()
+        return report
+
+
 def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: int,
               checkpoint_min_s: float, report_min_s: float, shown: bool,
-              keep_final_states: tuple[str, ...]) -> None:
-    """Tune function trial: one experiment, resumed from Tune's checkpoint when there is one;
-    its checkpoints dropped once its tables record its end (the final personal states kept for
-    the methods in ``keep_final_states``); its rounds reported to Tune as ``ReportGate`` says,
-    every number of each when something shows them (``shown``, ``_metrics``).
+              keep_final_states: tuple[str, ...], max_failures: int) -> None:
+    """Tune function trial: the experiment its config stands for, or each of its group's in
+    turn (``GridStage.groups``).
+
+    In a group every trial gets the retries it would get alone, whatever the others do: one
+    that fails is recorded and reported, the others still run, and the attempt then fails
+    (``GroupFailed``) so that Tune retries the group, whose next attempt runs only the trials
+    without an end. A trial out of its ``max_failures`` retries in this run of the sweep
+    (``GridStage.retries_used``) fails for good and is not run again; a group whose only
+    failures are such ends without an error (its trials rows say which failed). A round that
+    overran ``resources.round_timeout_s`` leaves its call running in this process, which must
+    then run nothing else (``raylf.runtime.inline``): the attempt fails at once."""
+    stage = stage.get()
+    members = stage.members(config)
+    tune_dir = f"{stage.path}/{stage.trial_id(config)}"  # Tune's folder (run_stage names it)
+    settings = {"checkpoint_every": checkpoint_every, "checkpoint_min_s": checkpoint_min_s,
+                "shown": shown, "keep_final_states": keep_final_states}
+    if len(members) == 1:
+        run_member(members[0], _read(stage.root, members[0].trial_id), stage, tune_dir,
+                   ReportGate(report_min_s, shown), None, **settings)
+        return
+    group = GroupReports(ReportGate(report_min_s, shown), [])
+    retried = []
+    for trial in members:
+        last = _read(stage.root, trial.trial_id)
+        if (last is not None and last["status"] not in RECORDED_ENDS
+                and stage.retries_used(last) > max_failures):
+            continue  # failed for good in this run of the sweep (its line is printed)
+        try:
+            run_member(trial, last, stage, tune_dir, group.gate, group, **settings)
+        except StorageUnwritable:
+            raise  # every later trial would fail the same way
+        except Exception as err:  # its trials row holds the traceback
+            row = _read(stage.root, trial.trial_id)
+            for_good = row is not None and stage.retries_used(row) > max_failures
+            if not for_good:
+                retried.append(trial.trial_id)
+            tune.report(group.with_ended({"round": 0, MEMBER: trial.trial_id,
+                                          "trial_failed": f"{type(err).__name__}: {err}"[-500:],
+                                          "for_good": for_good}))
+            if isinstance(err, TimeoutError):
+                raise GroupFailed(f"{trial.trial_id} overran its round timeout; the rest of "
+                                  "the group runs in a new process") from err
+    if retried:
+        raise GroupFailed(f"{len(retried)} of the group's {len(members)} trials failed: "
+                          f"{', '.join(retried)} (each trial's error is in its trials row)")
+    if group.ended:
+        tune.report(group.with_ended({"round": 0}))
+
+
+def _read(root: str, trial_id: str) -> dict[str, Any] | None:
+    try:
+        return results.read_trial(root, trial_id)
+    except OSError as err:
+        raise StorageUnwritable(f"cannot read {root}: {err}") from None
+
+
+def run_member(trial, last: dict[str, Any] | None, stage, tune_dir: str, gate: ReportGate,
+               group: GroupReports | None, *, checkpoint_every: int, checkpoint_min_s: float,
+               shown: bool, keep_final_states: tuple[str, ...]) -> None:
+    """One experiment of a Tune trial (``last``: its trials row as it was), resumed from
+    Tune's checkpoint when that is this trial's; its checkpoints dropped once its tables record
+    its end (the final personal states kept for the methods in ``keep_final_states``); its
+    rounds reported to Tune as ``gate`` says, every number of each when something shows them
+    (``shown``, ``_metrics``), each report naming the trial and the trials that ended before it
+    in a ``group``.
     A trial of one worker trains in this process (``raylf.sweep.placement.trains_inline``), others
     on actors in the trial's placement group."""
-    from raylf.experiment import Progress, RecordedStop, run_experiment
+    from raylf.experiment import RecordedStop, run_experiment
     from raylf.run import enforce_time_budget
 
-    stage = stage.get()
-    trial = stage.trial(config)
     spec, trial_id, root = trial.spec, trial.trial_id, stage.root
     keep = spec.method.name in keep_final_states
-    tune_dir = f"{stage.path}/{trial_id}"  # Tune's folder of the trial (run_stage names it)
     inline = trains_inline(spec)
     backend = "inline" if inline else "ray"
+    tag = {} if group is None else {MEMBER: trial_id}
     try:
-        last = results.read_trial(root, trial_id)
         finished = finished_row(root, trial_id, last)
         if finished is not None:
             checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
@@ -179,33 +263,31 @@ def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: i
         # Tune may not have persisted this trial's end before the driver died: its tables say
         # it finished, so report that and do not run it again (what that run had not dropped
         # yet is dropped above).
-        tune.report(_metrics({"round": finished["rounds"], **{
-            k: v for k, v in finished.items() if k.startswith(("acc_", "val_"))}},
-            stage.objective, shown))
+        if group is None:
+            tune.report(_ended_report(finished, stage.objective, shown))
+        else:
+            group.ended.append(trial_id)
         return
-    progress, snapshot = Progress(), None
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as folder:
-            progress = Progress(**json.loads((Path(folder) / "progress.json").read_text()))
-            snapshot = torch.load(Path(folder) / "state.pt", weights_only=True)
+    progress, snapshot = _restored(tune.get_checkpoint(), None if group is None else trial_id)
     metrics = TrialMetrics(stage.sweep, trial_id, spec.method.name)
     tune_trial = tune.get_context().get_trial_id()
-    gate = ReportGate(report_min_s, shown)
 
     def on_round(outcome, runtime, prog, snapshot):
-        report = _metrics(outcome.record, stage.objective, shown)
+        report = _metrics(outcome.record, stage.objective, shown) | tag
         metrics.record(outcome.record)
         final = prog.next_round > spec.federation.rounds
-        due = gate.due(outcome.record, report, stage.objective, final=final,
+        # a group's trial: its end goes with a later report, once its tables are written
+        due = gate.due(outcome.record, report, stage.objective, final=final and group is None,
                        diverged=outcome.diverged, checkpointed=snapshot is not None,
                        now=time.monotonic())
+        if due and group is not None:
+            report = group.with_ended(report)
         if due and snapshot is None:
             tune.report(report)
         elif due:
             with tempfile.TemporaryDirectory() as folder:
-                state = {"next_round": prog.next_round, "rounds": prog.rounds,
-                         "clients": prog.clients, "wall_s": prog.wall_s}
+                state = {"trial_id": trial_id, "next_round": prog.next_round,
+                         "rounds": prog.rounds, "clients": prog.clients, "wall_s": prog.wall_s}
                 (Path(folder) / "progress.json").write_text(json.dumps(state))
                 torch.save(snapshot, Path(folder) / "state.pt")
                 tune.report(report, checkpoint=tune.Checkpoint.from_directory(folder))
@@ -230,6 +312,31 @@ def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: i
             checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
     except OSError as err:
         raise StorageUnwritable(f"cannot write to {root}: {err}") from None
+    if group is not None:
+        group.ended.append(trial_id)
+
+
+def _ended_report(row: dict[str, Any], objective: str | None, shown: bool) -> dict[str, Any]:
+    """What goes to Tune for a trial whose trials row records its end."""
+    return _metrics({"round": row["rounds"], **{
+        k: v for k, v in row.items() if k.startswith(("acc_", "val_"))}}, objective, shown)
+
+
+def _restored(checkpoint, trial_id: str | None) -> tuple[Any, Any]:
+    """Progress and state to resume from: Tune's checkpoint of this Tune trial, if it is this
+    trial's (``trial_id``; None: a Tune trial of one trial, whose checkpoints are all its own)
+    and still holds its payload (a group's trial that ended dropped it)."""
+    from raylf.experiment import Progress
+
+    if checkpoint is not None:
+        with checkpoint.as_directory() as folder:
+            path = Path(folder) / "progress.json"
+            state = json.loads(path.read_text()) if path.exists() else {}
+            owner = state.pop("trial_id", None)
+            if state and (trial_id is None or owner == trial_id):
+                return Progress(**state), torch.load(Path(folder) / "state.pt",
+                                                     weights_only=True)
+    return Progress(), None
 
 
 def announce(root: str, trial, stage, backend: str, last: dict[str, Any] | None) -> int:

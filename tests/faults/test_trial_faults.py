@@ -14,9 +14,16 @@ MEASURED = re.compile(r".*(_s|_mb)$")  # seconds and memory: measured, not compu
 
 
 @pytest.mark.slow
-def test_raising_diverging_and_overtime_trials_are_recorded_and_the_sweep_goes_on(tmp_path):
+@pytest.mark.parametrize("per_tune_trial", [1, 6])
+def test_raising_diverging_and_overtime_trials_are_recorded_and_the_sweep_goes_on(
+        tmp_path, per_tune_trial):
+    """Each trial its own Tune trial, or all six in one group (``trials_per_tune_trial``): the
+    same tables, attempts and console lines. The group's first attempt runs every trial, three
+    fail; Tune retries the group, which runs those three again, two pass; the third fails for
+    good and the group with it, the others' results kept."""
     spec = write_sweep(
         tmp_path, checkpoint_every=1, checkpoint_min_s=0, max_failures=1,
+        trials_per_tune_trial=per_tune_trial,
         overrides={"federation.rounds": 3},
         methods=[
             {"name": "faulty_once", "params": {"fail_round": 2, "marker": str(tmp_path / "once")}},
