@@ -106,3 +106,22 @@ def test_a_run_past_its_round_timeout_fails_naming_the_setting(ray_cluster, smal
     result = run_experiment(spec, backend="ray")
     assert result.status == "failed"
     assert "took longer than resources.round_timeout_s=0.01 s" in result.error, result.error
+
+
+def test_inline_runs_of_a_process_share_one_caller_thread_until_a_call_overruns():
+    """The inline backend's helper thread serves every run of the process (a thread per run
+    cost a tiny trial 6 %); a call past its timeout leaves that thread stuck, and the next run
+    gets a new one."""
+    import threading
+
+    from raylf.runtime.inline import process_caller
+
+    first = process_caller()
+    assert process_caller() is first and first(lambda x: x + 1, 1, timeout_s=5, what="a") == 2
+    release = threading.Event()
+    with pytest.raises(TimeoutError, match="took longer than resources.round_timeout_s"):
+        first(release.wait, timeout_s=0.01, what="a stuck call")
+    assert first.stuck
+    second = process_caller()
+    assert second is not first and second(lambda: "served", timeout_s=5, what="b") == "served"
+    release.set()  # the stuck call ends: its thread takes no more calls
