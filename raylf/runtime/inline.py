@@ -9,11 +9,11 @@ train them itself. The cheap-trials sweep (benchmarks/cheap_trials.py: 48 trials
 on 2 cores) spent 2.31x its in-process compute bound in its trial phase that way, 1.64x inline
 (this change alone, the same hour).
 
-Every call runs on the runtime's one helper thread, which the caller waits for at most
-``round_timeout_s``. A call that overruns cannot be stopped inside the process: it is left
-running and the run fails naming the setting (its tables written as on Ray). The process must
-then serve no other run; Tune ends the process of a failed trial instead of keeping it for the
-next one.
+Every call runs on the process's helper thread (``process_caller``), which the caller waits
+for at most ``round_timeout_s``. A call that overruns cannot be stopped inside the process: it
+is left running and the run fails naming the setting (its tables written as on Ray). A later
+run of the process (the next trial of a sweep's group) gets a new thread; Tune ends the process
+once the failed trial's attempt ends instead of keeping it for the next one.
 """
 
 from __future__ import annotations

@@ -100,13 +100,10 @@ class SweepConsole(tune.Callback):
         for trial_id in result.get(ENDED, ()):
             self._finished(by_id[trial_id], None)
         member = by_id.get(result.get(MEMBER))
-        if member is not None and "trial_failed" in result:
+        if member is not None and "trial_failed" in result:  # a retry or failed line follows
             self.running.discard(member.trial_id)
-            if result.get("for_good"):  # out of its retries in this run: not run again
-                self._finished(member, last_line(result["trial_failed"]))
-            else:
-                self.failed_now.setdefault(trial.trial_id, []).append(
-                    (member, last_line(result["trial_failed"])))
+            self.failed_now.setdefault(trial.trial_id, []).append(
+                (member, last_line(result["trial_failed"])))
         elif member is not None:
             self._rounds(member.trial_id, int(result.get("round", 0)))
         self.running -= set(by_id)

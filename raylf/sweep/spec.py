@@ -205,8 +205,8 @@ class SweepSpec(Strict):
                              "own work per trial, tens of milliseconds, is then paid once per "
                              "group, which pays for trials of a fraction of a second. Each trial "
                              "still has its own tables, attempts, checkpoints and console line; "
-                             "a trial that fails has its group retried, the trials it finished "
-                             "kept")
+                             "a trial that fails has its group retried (max_failures), the "
+                             "trials that ended kept")
     keep_final_states: list[str] = Field(
         default_factory=list, description="methods whose trials keep their final personal "
         "states (checkpoints/<trial>/round-<last>/, what python -m raylf.diagnostics donor-swap "

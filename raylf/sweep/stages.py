@@ -68,8 +68,6 @@ class GridStage:
         self.planned = len(trials)
         self.rounds = sum(t.spec.federation.rounds for t in trials)
         self.groups = self._grouped(sorted(self.specs))
-        # trial id → its attempts when this run of the sweep started (``retries_used``)
-        self.attempts_before: dict[str, int] = {}
 
     def _grouped(self, ids: list[str]) -> dict[str, list[str]]:
         """Tune trial name → the trials it runs, in trial-id order: consecutive trials of the
@@ -110,12 +108,6 @@ class GridStage:
     @property
     def tune_trials(self) -> int:
         return len(self.groups)
-
-    def retries_used(self, row: dict[str, Any]) -> int:
-        """A trial's attempts in this run of the sweep, from its trials row: a group gives
-        each of its trials ``max_failures`` retries per run, as Tune gives a trial alone (a
-        resumed sweep retries a trial that failed for good in the last run)."""
-        return int(row.get("attempts") or 0) - self.attempts_before.get(row["trial_id"], 0)
 
     def trial(self, trial_id: str) -> Trial:
         spec, point = self.specs[trial_id]

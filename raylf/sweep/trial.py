@@ -175,18 +175,17 @@ class GroupReports:
 
 def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: int,
               checkpoint_min_s: float, report_min_s: float, shown: bool,
-              keep_final_states: tuple[str, ...], max_failures: int) -> None:
+              keep_final_states: tuple[str, ...]) -> None:
     """Tune function trial: the experiment its config stands for, or each of its group's in
     turn (``GridStage.groups``).
 
-    In a group every trial gets the retries it would get alone, whatever the others do: one
-    that fails is recorded and reported, the others still run, and the attempt then fails
-    (``GroupFailed``) so that Tune retries the group, whose next attempt runs only the trials
-    without an end. A trial out of its ``max_failures`` retries in this run of the sweep
-    (``GridStage.retries_used``) fails for good and is not run again; a group whose only
-    failures are such ends without an error (its trials rows say which failed). A round that
-    overran ``resources.round_timeout_s`` leaves its call running in this process, which must
-    then run nothing else (``raylf.runtime.inline``): the attempt fails at once."""
+    A group's trial that fails is recorded (its tables) and reported, the group's other trials
+    still run, and the attempt then fails (``GroupFailed``): Tune retries the group as it would
+    a trial (``max_failures``), and each attempt runs only the trials without an end, so every
+    trial gets the retries it would get alone, and a group left with a trial that failed for
+    good ends in error, which a resumed sweep retries. (A round past its timeout leaves its call
+    running on its thread: the later trials run on a new one, ``process_caller``, and Tune ends
+    the process with the failed attempt.)"""
     stage = stage.get()
     members = stage.members(config)
     tune_dir = f"{stage.path}/{stage.trial_id(config)}"  # Tune's folder (run_stage names it)
@@ -197,30 +196,20 @@ def run_trial(config: dict[str, Any], *, stage: SharedStage, checkpoint_every: i
                    ReportGate(report_min_s, shown), None, **settings)
         return
     group = GroupReports(ReportGate(report_min_s, shown), [])
-    retried = []
+    failed = []
     for trial in members:
-        last = _read(stage.root, trial.trial_id)
-        if (last is not None and last["status"] not in RECORDED_ENDS
-                and stage.retries_used(last) > max_failures):
-            continue  # failed for good in this run of the sweep (its line is printed)
         try:
-            run_member(trial, last, stage, tune_dir, group.gate, group, **settings)
+            run_member(trial, _read(stage.root, trial.trial_id), stage, tune_dir, group.gate,
+                       group, **settings)
         except StorageUnwritable:
             raise  # every later trial would fail the same way
         except Exception as err:  # its trials row holds the traceback
-            row = _read(stage.root, trial.trial_id)
-            for_good = row is not None and stage.retries_used(row) > max_failures
-            if not for_good:
-                retried.append(trial.trial_id)
+            failed.append(trial.trial_id)
             tune.report(group.with_ended({"round": 0, MEMBER: trial.trial_id,
-                                          "trial_failed": f"{type(err).__name__}: {err}"[-500:],
-                                          "for_good": for_good}))
-            if isinstance(err, TimeoutError):
-                raise GroupFailed(f"{trial.trial_id} overran its round timeout; the rest of "
-                                  "the group runs in a new process") from err
-    if retried:
-        raise GroupFailed(f"{len(retried)} of the group's {len(members)} trials failed: "
-                          f"{', '.join(retried)} (each trial's error is in its trials row)")
+                                          "trial_failed": f"{type(err).__name__}: {err}"[-500:]}))
+    if failed:
+        raise GroupFailed(f"{len(failed)} of the group's {len(members)} trials failed: "
+                          f"{', '.join(failed)} (each trial's error is in its trials row)")
     if group.ended:
         tune.report(group.with_ended({"round": 0}))
 
@@ -310,6 +299,8 @@ def run_member(trial, last: dict[str, Any] | None, stage, tune_dir: str, gate: R
             extra={"attempts": attempts, **stage.extra})
         if result.status in RECORDED_ENDS:  # the tables it just wrote record an end for good
             checkpoints.drop_resume_state(root, trial_id, tune_dir, keep)
+    except TimeoutError:
+        raise  # a round past resources.round_timeout_s (an OSError too): not the storage
     except OSError as err:
         raise StorageUnwritable(f"cannot write to {root}: {err}") from None
     if group is not None:

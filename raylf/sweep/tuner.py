@@ -13,7 +13,7 @@ from typing import Any
 
 from ray import tune
 
-from raylf import checkpoints, results
+from raylf import checkpoints
 from raylf.sweep.console import SweepConsole, make_active
 from raylf.sweep.placement import trial_bundles
 from raylf.sweep.spec import SweepSpec
@@ -100,11 +100,6 @@ def run_stage(stage, *, sweep: SweepSpec, max_concurrent: int, verbose: bool = F
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     make_active(None if verbose else console)
     console.start(already_finished(stage))
-    if stage.tune_trials < stage.planned:  # groups count each trial's retries in this run
-        table = results.read_table(stage.root, "trials")
-        stage.attempts_before = {} if table is None else {
-            row["trial_id"]: int(row["attempts"] or 0)
-            for row in table.select(["trial_id", "attempts"]).to_pylist()}
     # the console first: on a failed trial it probes the storage and stops the sweep if that
     # is down, before anything else writes there
     callbacks = [*([] if verbose else [console]), EndedTrials(), *trackers]
@@ -134,15 +129,11 @@ def _fit(stage, *, sweep: SweepSpec, max_concurrent: int, shown: bool,
                              checkpoint_min_s=sweep.checkpoint_min_s,
                              report_min_s=sweep.report_min_s,
                              shown=shown,  # what shows every report: trackers, Tune's table
-                             keep_final_states=tuple(sweep.keep_final_states),
-                             max_failures=sweep.max_failures),
+                             keep_final_states=tuple(sweep.keep_final_states)),
         TrialResources(stage))
-    # A group's attempt fails while one of its trials has retries left (run_trial), so Tune
-    # may retry it up to every trial's retries.
-    largest = max(map(len, stage.groups.values())) if stage.tune_trials < stage.planned else 1
     run_config = tune.RunConfig(
         name=stage.name, storage_path=stage.storage_path,
-        failure_config=tune.FailureConfig(max_failures=sweep.max_failures * largest),
+        failure_config=tune.FailureConfig(max_failures=sweep.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=checkpoints.CHECKPOINTS_KEPT),
         callbacks=callbacks, verbose=None if verbose else 0)
     space, search = stage.tune_setup(max_concurrent)
@@ -164,14 +155,4 @@ def _fit(stage, *, sweep: SweepSpec, max_concurrent: int, shown: bool,
     if grid.num_terminated + grid.num_errors < stage.tune_trials:
         raise Interrupted(f"{stage.tune_trials - grid.num_terminated - grid.num_errors} Tune "
                           f"trial(s) of {stage.path} did not end")
-    ended = [Ended(result.config, result.error) for result in grid]
-    if stage.tune_trials == stage.planned:
-        return ended
-    # a group that ended without an error may hold trials that failed for good (run_trial)
-    done = {row["trial_id"] for row in finished_rows(stage.root)}
-    return [Ended(e.config, e.error or _failed_members(stage, e.config, done)) for e in ended]
-
-
-def _failed_members(stage, config: dict[str, Any], done: set[str]) -> Exception | None:
-    failed = [t.trial_id for t in stage.members(config) if t.trial_id not in done]
-    return RuntimeError(f"failed for good: {', '.join(failed)}") if failed else None
+    return [Ended(result.config, result.error) for result in grid]

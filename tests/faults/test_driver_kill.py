@@ -105,3 +105,41 @@ def test_driver_killed_at_start_mid_trial_after_dropping_checkpoints_and_writing
     # every trial has ended for good: nothing a resume would read is left
     assert not list(root.rglob("checkpoint_*/*"))
     assert not list((root / "checkpoints").rglob("*.pt"))
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_group_resumes_the_held_trial_and_runs_the_rest_once(tmp_path):
+    """Three trials in one Tune trial (``trials_per_tune_trial: 3``): the driver is killed while
+    the group's first trial is held in round 2 (checkpointed after round 1). That trial's row
+    says ``started``; the others have none. Run again: Tune restores the group, the held trial
+    runs again as its second attempt, the others once, and every round is recorded once."""
+    gate = tmp_path / "mid-group.gate"
+    spec = write_sweep(
+        tmp_path, seeds=[0, 1, 2], trials_per_tune_trial=3, checkpoint_every=1,
+        checkpoint_min_s=0, overrides={"federation.rounds": ROUNDS},
+        methods=[{"name": "gated_fedavg_se", "params": {"gate_round": 2, "gate_file": str(gate)}}],
+        resources={"workers": 1, "cpus_per_worker": 0.5})
+    storage = tmp_path / "out"
+    root = storage / "t"
+    driver = start_sweep(spec, storage, **PLUGINS)
+    wait_for(gate.exists, 180, "the group's first trial to reach round 2", driver)
+    kill_group(driver)
+    rows = results.load(root)["trials"]
+    assert list(rows["status"]) == [results.STARTED] and list(rows["attempts"]) == [1]
+    held = rows["trial_id"].iloc[0]
+    assert not complete_trials(root) and len(list(root.glob("*-and-2"))) == 1
+
+    proc = run_sweep(spec, storage, **PLUGINS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = results.load(root)
+    trials = tables["trials"]
+    assert len(trials) == 3 and trials["trial_id"].is_unique and set(trials["status"]) == {"ok"}
+    assert dict(zip(trials["trial_id"], trials["attempts"])) == {
+        t: 2 if t == held else 1 for t in trials["trial_id"]}
+    assert held == sorted(trials["trial_id"])[0]  # a group runs its trials in trial-id order
+    rounds = tables["rounds"].groupby("trial_id")["round"].apply(list)
+    assert rounds.map(lambda r: r == list(range(1, ROUNDS + 1))).all()
+    clients = tables["clients"]
+    assert len(clients) == 3 * ROUNDS * 6
+    assert not clients.duplicated(["trial_id", "round", "client_id", "task"]).any()
+    assert not list(root.rglob("checkpoint_*/*"))  # every trial ended: no resume state left
