@@ -295,7 +295,8 @@ def resume_check(args) -> dict:
         attempts_after = {t: results.read_trial(root, t)["attempts"] for t in finished_before}
     trial_ids = list(tables["trials"]["trial_id"])
     check = {
-        "trials": trials, "uptime_before": before, "uptime_at_kill": killed_at,
+        "trials": trials, "per_tune_trial": args.per_tune_trial, "uptime_before": before,
+        "uptime_at_kill": killed_at,
         "uptime_after": uptime(), "finished_before_kill": len(finished_before),
         "resumed_output_says": next((line for line in out.splitlines()
                                      if line.startswith("resuming:")), None),

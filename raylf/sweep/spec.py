@@ -199,6 +199,10 @@ class SweepSpec(Strict):
                                "that evaluates under --log or --verbose (the tables record "
                                "every round either way); 0 reports every round to Tune")
     max_failures: int = Field(2, ge=0, description="retries of a failed trial (from checkpoint)")
+    # Default 1, from benchmarks/sweep_scaling.py (benchmarks README, "Sweep scaling"; 2 cores,
+    # 3-round digits trials of about 25 ms): groups of 8 took a trial's share of the sweep from
+    # about 33-40 ms to 23-26 ms. Trials of seconds gain nothing measurable, and grouping costs
+    # them Tune's per-trial dashboard rows, trackers and checkpoint restore, so it is opt-in.
     trials_per_tune_trial: int = Field(
         1, ge=1, description="trials one Tune trial runs in turn (grid and replicate trials of "
                              "the same resources; a search's trials always one each): Tune's "

@@ -57,6 +57,7 @@ def test_raising_diverging_and_overtime_trials_are_recorded_and_the_sweep_goes_o
     assert sum(" retry " in line for line in lines) == 3  # each faulty trial's first attempt
     assert any(" retry " in line and "round 2 took longer than resources.round_timeout_s=10 s"
                in line for line in lines), proc.stdout
+    assert "cannot write to" not in proc.stdout  # a round timeout is no storage failure
     for status, reason in [("failed", "RuntimeError: injected worker failure in round 2"),
                            ("diverged", "diverged in round 1"),
                            ("timeout", "stopped after round 1")]:
