@@ -60,7 +60,7 @@ class GridStage:
         self.per_tune_trial = per_tune_trial
         # the bundles each trial asks for: a Tune trial holds one placement group for its group
         self.shapes = {t.trial_id: json.dumps(trial_bundles(t.spec), sort_keys=True)
-                       for t in trials}
+                       for t in trials} if per_tune_trial > 1 else {}
         self.width = max((len(t.label) for t in trials), default=0)
         self.sweep = sweep
         self.storage_path, self.name = storage.rstrip("/"), sweep
